@@ -1,0 +1,31 @@
+"""pejit: partial-evaluation JIT compilation for JAX.
+
+Arguments marked constant are folded at specialization time; the compiled
+program keeps only the work that depends on the dynamic arguments.
+"""
+
+from ._folding import FoldOptions as FoldOptions
+from ._jit import BoundPejitted as BoundPejitted
+from ._jit import FoldingSkippedWarning as FoldingSkippedWarning
+from ._jit import Pejitted as Pejitted
+from ._jit import PejitWarning as PejitWarning
+from ._jit import pe as pe
+from ._jit import pejit as pejit
+from ._report import FoldReport as FoldReport
+from ._specialize import Residual as Residual
+from ._specialize import specialize_jaxpr as specialize_jaxpr
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BoundPejitted",
+    "FoldOptions",
+    "FoldReport",
+    "FoldingSkippedWarning",
+    "PejitWarning",
+    "Pejitted",
+    "Residual",
+    "pe",
+    "pejit",
+    "specialize_jaxpr",
+]

@@ -1,0 +1,144 @@
+"""Every use of JAX internals (``jax._src``) in pejit lives in this module.
+
+A JAX upgrade should be a one-file change: when an internal moves, fix it
+here. What we use, and why no public API does the job:
+
+* ``core.Trace`` machinery (``trace_ctx``, ``set_current_trace``,
+  ``eval_trace``, ``ensure_no_leaks``, ``Tracer``): pejit traces the user's
+  function with its own subclass of ``DynamicJaxprTrace`` so that it can
+  decide, equation by equation, whether to evaluate (fold) or to stage. The
+  public ``jax.ensure_compile_time_eval`` folds *everything* whose inputs are
+  concrete, including ``jax.debug.print`` and ``io_callback``, which must stay
+  in the residual program.
+* ``partial_eval.DynamicJaxprTrace`` and its frame: building the residual
+  jaxpr, the same way ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``).
+* ``partial_eval.convert_constvars_jaxpr`` and ``dce_jaxpr``: turning folded
+  constants into explicit arguments (so they reach XLA as buffers, not HLO
+  literals) and dropping dead equations.
+* ``config.eager_constant_folding``: the context-local switch behind
+  ``jax.ensure_compile_time_eval``; we read and scope it, never set it
+  globally.
+* ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
+  jaxpr under the folding trace.
+* ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
+  that ``DynamicJaxprTrace`` requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jax._src import api_util
+from jax._src import config as _config
+from jax._src import core
+from jax._src import linear_util as lu
+from jax._src import source_info_util
+from jax._src.interpreters import partial_eval as _pe
+
+Tracer = core.Tracer
+Literal = core.Literal
+Var = core.Var
+Jaxpr = core.Jaxpr
+ClosedJaxpr = core.ClosedJaxpr
+ShapedArray = core.ShapedArray
+eval_jaxpr = core.eval_jaxpr
+set_current_trace = core.set_current_trace
+typeof = core.typeof
+convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
+dce_jaxpr = _pe.dce_jaxpr
+convert_invars_to_constvars = _pe.convert_invars_to_constvars
+
+
+def core_trace():
+    """The trace currently in effect."""
+    return core.trace_ctx.trace
+
+
+def eager_constant_folding(enabled: bool):
+    """Context manager scoping JAX's eager folding of concrete operands."""
+    return _config.eager_constant_folding(enabled)
+
+
+def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+    """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
+    avals = tuple(core.typeof(x) for x in args)
+    return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
+
+
+def primitive_effects(prim, avals: Sequence[Any], params: dict):
+    """The effects ``prim`` would carry on inputs of these avals."""
+    _, effects = prim.abstract_eval(*avals, **params)
+    return effects
+
+
+class KnowableTracer(_pe.DynamicJaxprTracer):
+    """A staged value whose concrete value the policy may still know.
+
+    Python control flow (``bool``, ``int``, ``np.asarray``) asks
+    ``to_concrete_value``; lazy known values answer by materializing.
+    """
+
+    __slots__ = ()
+
+    def to_concrete_value(self):
+        return self._trace.policy.concrete_value(self)
+
+
+class StagingTrace(_pe.DynamicJaxprTrace):
+    """A ``DynamicJaxprTrace`` that asks a policy before folding.
+
+    ``process_primitive`` hands every primitive application to ``policy``
+    (``policy(trace, prim, args, params)``), which either returns outputs or
+    returns ``NotImplemented`` to fall back to ordinary staging.
+    """
+
+    def __init__(self, debug_info, parent_trace, policy):
+        super().__init__(debug_info, parent_trace=parent_trace)
+        self.policy = policy
+
+    def process_primitive(self, prim, tracers, params):
+        out = self.policy(self, prim, tracers, params)
+        if out is NotImplemented:
+            return self.stage(prim, tracers, params)
+        return out
+
+    def var_to_tracer(self, var, source_info, parent=None):
+        aval = var.aval
+        if aval.has_qdd:
+            aval = core.AvalQDD(aval, var.initial_qdd)
+        return KnowableTracer(self, aval, var, source_info, parent)
+
+    def stage(self, prim, tracers, params):
+        """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
+        with _config.eager_constant_folding(False):
+            return super().process_primitive(prim, tracers, params)
+
+
+def trace_staging(
+    fun: Callable[..., Sequence[Any]],
+    in_avals: Sequence[Any],
+    policy: Callable,
+    name: str = "pejit",
+) -> tuple[Jaxpr, list[Any]]:
+    """Trace ``fun`` (flat arrays in, flat list out) into a jaxpr.
+
+    Operations whose inputs are all concrete are evaluated on the spot when
+    ``policy`` says so; the rest are staged. Returns the jaxpr (constvars hold
+    the folded values) and the list of those values. Mirrors
+    ``partial_eval.trace_to_jaxpr_dynamic``.
+    """
+    dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
+    dbg = dbg._replace(result_paths=None)
+    wrapped = lu.wrap_init(fun, debug_info=dbg)
+    trace = StagingTrace(dbg, core.trace_ctx.trace, policy)
+    with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
+        source_info = source_info_util.current()
+        in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
+        with core.set_current_trace(trace), _config.eager_constant_folding(True):
+            ans = wrapped.call_wrapped(*in_tracers)
+        out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
+        jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
+        del trace, in_tracers, out_tracers, ans
+    return jaxpr, list(consts)
+

@@ -1,0 +1,139 @@
+"""Partial evaluation of a Python function or a jaxpr, and its result.
+
+:func:`fold` traces a flat function with the folding policy and returns a
+:class:`Residual`; :func:`specialize_jaxpr` is the same thing for a jaxpr
+built by anything, without re-tracing Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr
+
+from . import _compat, _rules  # noqa: F401  (registers the fold rules)
+from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
+from ._report import FoldReport
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """The residual program of one specialization.
+
+    Attributes:
+      jaxpr: takes the dynamic (flattened) inputs; its ``consts`` are the
+        folded values the residual program still needs.
+      report: what was folded, what stayed, and what it cost.
+    """
+
+    jaxpr: ClosedJaxpr
+    report: FoldReport
+
+    @property
+    def consts(self) -> list[Any]:
+        return list(self.jaxpr.consts)
+
+    def open_jaxpr(self):
+        """The jaxpr with the folded constants as leading inputs."""
+        return _compat.convert_constvars_jaxpr(self.jaxpr.jaxpr)
+
+
+def fold(
+    fun: Callable[..., Sequence[Any]],
+    in_avals: Sequence[Any],
+    options: FoldOptions = FoldOptions(),
+    *,
+    name: str = "pejit",
+    before: ClosedJaxpr | None = None,
+) -> Residual:
+    """Trace ``fun`` (flat arrays in, flat list out), folding known work."""
+    folder = Folder(options)
+    start = time.perf_counter()
+    jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
+    jaxpr, consts = _prune(jaxpr, consts)
+    consts = [_to_device(c) for c in consts]
+    for c in consts:  # folding is only done when its results are
+        jax.block_until_ready(c)
+    seconds = time.perf_counter() - start
+    closed = ClosedJaxpr(jaxpr, consts)
+    report = FoldReport.build(folder.stats, closed, seconds, before=before)
+    return Residual(closed, report)
+
+
+def specialize_jaxpr(
+    closed_jaxpr: ClosedJaxpr,
+    known: Mapping[int, Any],
+    options: FoldOptions = FoldOptions(),
+) -> Residual:
+    """Partially evaluate ``closed_jaxpr`` with some inputs known.
+
+    This is the entry point for compilers that build jaxprs directly: no
+    Python function is re-traced. ``known`` maps input positions to values;
+    the residual jaxpr takes the remaining inputs, in order.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit import specialize_jaxpr
+      >>> cj = jax.make_jaxpr(lambda a, x: jnp.linalg.inv(a) @ x)(jnp.eye(2), jnp.ones(2))
+      >>> spec = specialize_jaxpr(cj, known={0: 2 * jnp.eye(2)})
+      >>> [e.primitive.name for e in spec.jaxpr.eqns]
+      ['dot_general']
+      >>> jax.jit(jax.extend.core.jaxpr_as_fun(spec.jaxpr))(jnp.ones(2))
+      [Array([0.5, 0.5], dtype=float32)]
+    """
+    if not isinstance(closed_jaxpr, ClosedJaxpr):
+        raise TypeError(
+            "specialize_jaxpr: closed_jaxpr must be a jax.extend.core.ClosedJaxpr "
+            f"(e.g. from jax.make_jaxpr), got {type(closed_jaxpr).__name__}"
+        )
+    invars = closed_jaxpr.jaxpr.invars
+    for i in known:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"specialize_jaxpr: known key {i!r} is not an integer input position")
+        if not -len(invars) <= i < len(invars):
+            raise ValueError(
+                f"specialize_jaxpr: known key {i} is out of range for a jaxpr "
+                f"with {len(invars)} inputs"
+            )
+    known = {int(i) % len(invars): v for i, v in known.items()}
+    for i, value in known.items():
+        want, got = invars[i].aval, _compat.typeof(value)
+        if (want.shape, want.dtype) != (got.shape, got.dtype):
+            raise TypeError(
+                f"specialize_jaxpr: known[{i}] has type {got.str_short()}, "
+                f"but input {i} of the jaxpr is {want.str_short()}"
+            )
+    unknown_avals = [v.aval for i, v in enumerate(invars) if i not in known]
+
+    def interpret(*unknown):
+        it = iter(unknown)
+        args = [known[i] if i in known else next(it) for i in range(len(invars))]
+        return replay(_compat.core_trace(), closed_jaxpr, args)
+
+    return fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
+
+
+def _prune(jaxpr, consts):
+    """Drop dead equations (e.g. unused lazy expansions) and unused constants."""
+    open_jaxpr = _compat.convert_constvars_jaxpr(jaxpr)
+    n = len(consts)
+    keep = [False] * n + [True] * len(jaxpr.invars)
+    dced, used = _compat.dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    used_consts = used[:n]
+    consts = [c for c, u in zip(consts, used_consts) if u]
+    return _compat.convert_invars_to_constvars(dced, len(consts)), consts
+
+
+def _to_device(c):
+    """Folded constants live on device: NumPy results are copied once."""
+    if isinstance(c, jax.Array):
+        return c
+    return jax.device_put(np.asarray(c))
+
+
+__all__ = ["Residual", "fold", "specialize_jaxpr", "nbytes", "FoldStats"]
