@@ -83,7 +83,7 @@ class FoldOptions:
     loops: bool = True
     rematerialize: bool = True
     expansion_ratio: float = 2.0
-    expansion_min_bytes: int = 4096
+    expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
 
 
