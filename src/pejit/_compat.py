@@ -32,6 +32,7 @@ from typing import Any
 from jax._src import api_util
 from jax._src import config as _config
 from jax._src import core
+from jax._src import dtypes
 from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as _pe
@@ -137,6 +138,8 @@ def trace_staging(
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
         with core.set_current_trace(trace), _config.eager_constant_folding(True):
             ans = wrapped.call_wrapped(*in_tracers)
+        _pe._check_returned_jaxtypes(dbg, ans)
+        ans = [dtypes.canonicalize_value(x) for x in ans]
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
         del trace, in_tracers, out_tracers, ans
