@@ -4,6 +4,7 @@ Arguments marked constant are folded at specialization time; the compiled
 program keeps only the work that depends on the dynamic arguments.
 """
 
+from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
 from ._jit import BoundPejitted as BoundPejitted
 from ._jit import FoldingSkippedWarning as FoldingSkippedWarning
@@ -25,6 +26,7 @@ __all__ = [
     "PejitWarning",
     "Pejitted",
     "Residual",
+    "explain",
     "pe",
     "pejit",
     "specialize_jaxpr",
