@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from jax._src import api_util
 from jax._src import config as _config
 from jax._src import core
@@ -45,6 +47,7 @@ ClosedJaxpr = core.ClosedJaxpr
 ShapedArray = core.ShapedArray
 eval_jaxpr = core.eval_jaxpr
 set_current_trace = core.set_current_trace
+eval_trace = core.eval_trace
 typeof = core.typeof
 convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 dce_jaxpr = _pe.dce_jaxpr
@@ -84,6 +87,14 @@ class KnowableTracer(_pe.DynamicJaxprTracer):
 
     def to_concrete_value(self):
         return self._trace.policy.concrete_value(self)
+
+    def __array__(self, *args, **kwargs):
+        # NumPy conversion (boolean-mask indexing uses it) asks here, not
+        # to_concrete_value.
+        value = self.to_concrete_value()
+        if value is None:
+            return super().__array__(*args, **kwargs)
+        return np.asarray(value).__array__(*args, **kwargs)
 
 
 class StagingTrace(_pe.DynamicJaxprTrace):

@@ -35,6 +35,12 @@ class _StageAll(Folder):
             return NotImplemented
         return self.stage_lazy(trace, prim, args, params)
 
+    def materialize(self, x):
+        # Evaluate outside the staging trace: impls that re-enter JAX
+        # (``custom_jvp_call`` runs its function) must not stage again.
+        with _compat.set_current_trace(_compat.eval_trace):
+            return super().materialize(x)
+
 
 def explain(
     fun: Callable,

@@ -243,7 +243,8 @@ class Folder:
         outs = trace.stage(prim, args, params)
         outvars = [o.val for o in (outs if prim.multiple_results else [outs])]
         recipe = _Recipe(prim, tuple(args), params, outvars)
-        self._recipes.update(dict.fromkeys(outvars, recipe))
+        # Outputs JAX already made literals (scalar conversions) are concrete.
+        self._recipes.update((v, recipe) for v in outvars if isinstance(v, _compat.Var))
         return outs
 
     def concrete_value(self, tracer):
