@@ -115,7 +115,9 @@ def specialize_jaxpr(
         args = [known[i] if i in known else next(it) for i in range(len(invars))]
         return replay(_compat.core_trace(), closed_jaxpr, args)
 
-    return fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
+    residual = fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
+    report = dataclasses.replace(residual.report, known_invars=tuple(sorted(known)))
+    return Residual(residual.jaxpr, report)
 
 
 def _prune(jaxpr, consts):
