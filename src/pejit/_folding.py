@@ -206,13 +206,26 @@ class Folder:
         """The concrete value of a known ``x``."""
         if not self.is_lazy(x):
             return x
-        var = x.val
-        if var not in self._materialized:
+        # Evaluate the recipes ``x`` depends on in dependency order, with an
+        # explicit stack: chains of lazy values can be longer than Python's
+        # recursion limit.
+        stack = [x.val]
+        while stack:
+            var = stack[-1]
+            if var in self._materialized:
+                stack.pop()
+                continue
             r = self._recipes[var]
-            outs = _compat.evaluate(r.prim, [self.materialize(a) for a in r.args], r.params)
+            pending = [a.val for a in r.args if self.is_lazy(a) and a.val not in self._materialized]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            args = [self._materialized[a.val] if self.is_lazy(a) else a for a in r.args]
+            outs = _compat.evaluate(r.prim, args, r.params)
             vals = outs if r.prim.multiple_results else [outs]
-            self._materialized.update(zip(r.outvars, vals))
-        return self._materialized[var]
+            self._materialized.update((v, val) for v, val in zip(r.outvars, vals) if isinstance(v, _compat.Var))
+        return self._materialized[x.val]
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
@@ -243,8 +256,12 @@ class Folder:
         outs = trace.stage(prim, args, params)
         outvars = [o.val for o in (outs if prim.multiple_results else [outs])]
         recipe = _Recipe(prim, tuple(args), params, outvars)
-        # Outputs JAX already made literals (scalar conversions) are concrete.
-        self._recipes.update((v, recipe) for v in outvars if isinstance(v, _compat.Var))
+        # Outputs JAX already made literals (scalar conversions) are concrete,
+        # and an output that is a forwarded input (``jit`` does that) keeps
+        # the recipe it has: overwriting it would make a cycle.
+        for v in outvars:
+            if isinstance(v, _compat.Var) and v not in self._recipes:
+                self._recipes[v] = recipe
         return outs
 
     def concrete_value(self, tracer):
