@@ -27,6 +27,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad
 
+from ._explain import explain
 from ._jit import pejit
 
 
@@ -162,7 +163,7 @@ def _indent(text: str, by: str = "   ") -> str:
     return "\n".join(by + line for line in str(text).splitlines())
 
 
-def demo(n: int = 1000, repeat_jit: int = 10, repeat_pejit: int = 200) -> None:
+def demo(n: int = 1000, repeat: int = 10) -> None:
     """Run the demo, printing reports and the speedup of pejit over ``jax.jit``."""
     np.set_printoptions(precision=4, suppress=True)
     print(f"pejit demo: JAX {jax.__version__}, backend {jax.default_backend()}")
@@ -186,7 +187,7 @@ def demo(n: int = 1000, repeat_jit: int = 10, repeat_pejit: int = 200) -> None:
     f2 = pejit(x, xi, constant_arg_nums=[0])(seed_f)
     print(f"   pejit(x, xi, constant_arg_nums=[0])(f)(xi) = {np.asarray(f2(xi))}")
     print(f"   jax.jacobian of it w.r.t. xi:\n{_indent(np.asarray(jax.jacobian(f2)(xi)), '     ')}")
-    print(_indent(f2.report(xi)))
+    print(_indent(explain(f2, xi)))
 
     _section(f"3. inv(A) @ x + cholesky(A @ A.T) @ x, constant {n}x{n} A")
     A = jnp.asarray(well_conditioned(n))
@@ -196,12 +197,12 @@ def demo(n: int = 1000, repeat_jit: int = 10, repeat_pejit: int = 200) -> None:
     start = time.perf_counter()
     jax.block_until_ready(f3(A, v))
     first = time.perf_counter() - start
-    print(_indent(f3.report(A, v)))
+    print(_indent(explain(f3, A, v)))
     print(f"   first call (fold + compile): {first:.2f} s")
     err = float(jnp.max(jnp.abs(f3(A, v) - f3_jit(v))) / jnp.max(jnp.abs(f3_jit(v))))
     print(f"   max relative difference from jax.jit: {err:.1e}")
-    t_jit = time_per_call(f3_jit, v, repeat=repeat_jit)
-    t_pe = time_per_call(f3, A, v, repeat=repeat_pejit)
+    t_jit = time_per_call(f3_jit, v, repeat=repeat)
+    t_pe = time_per_call(f3, A, v, repeat=20 * repeat)
     print(f"   per call (median): jax.jit {t_jit * 1e3:.3f} ms, pejit {t_pe * 1e3:.3f} ms")
     print(f"   speedup: {t_jit / t_pe:.0f}x")
 
@@ -214,9 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="fold the built-in examples and time them against jax.jit")
     d.add_argument("--n", type=int, default=1000, help="size of the constant matrix A (default 1000)")
+    d.add_argument("--repeat", type=int, default=10, help="timed jax.jit calls (pejit: 20x as many)")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        demo(n=args.n)
+        demo(n=args.n, repeat=args.repeat)
     return 0
 
 

@@ -143,10 +143,10 @@ class FoldReport:
     def __str__(self) -> str:
         buffers = self.buffers
         lines = [
-            f"folded {self.folded_eqns} equations ({_fmt(self.folded)})",
-            f"residual {self.residual_eqns} equations ({_fmt(self.residual)})",
-            f"folded constants: {len(buffers)} buffers, {self.folded_bytes:,} bytes; "
-            f"{len(self.literals)} literals",
+            f"folded {_count(self.folded_eqns, 'equation')} ({_fmt(self.folded)})",
+            f"residual {_count(self.residual_eqns, 'equation')} ({_fmt(self.residual)})",
+            f"folded constants: {_count(len(buffers), 'buffer')}, {self.folded_bytes:,} bytes; "
+            f"{_count(len(self.literals), 'literal')}",
             f"fold time: {self.fold_seconds * 1e3:.1f} ms ({self.strategy})",
         ]
         if self.flops_removed is not None:
@@ -348,6 +348,10 @@ def _type(aval) -> str:
         return aval.str_short(short_dtypes=True)
     except TypeError:  # abstract values without the option (tokens, ...)
         return aval.str_short()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _fmt(counter: Counter) -> str:
