@@ -38,7 +38,7 @@ def chebyshev_basis(x: jax.Array, deg: int, x0: float = 0.0, xf: float = 1.0) ->
     Returns the ``(len(x), deg + 1)`` matrix TFC's ``utfc(...).H`` gives for
     ``nC=0``.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp
       >>> chebyshev_basis(jnp.array([0.0, 0.5, 1.0]), 2)
       Array([[ 1., -1.,  1.],
@@ -55,7 +55,7 @@ def chebyshev_basis(x: jax.Array, deg: int, x0: float = 0.0, xf: float = 1.0) ->
 def chebyshev_points(n: int, x0: float = 0.0, xf: float = 1.0) -> jax.Array:
     """The ``n`` Chebyshev-Gauss-Lobatto points of ``[x0, xf]`` (TFC's ``utfc(...).x``).
 
-    Example:
+    Examples:
       >>> chebyshev_points(3)
       Array([0. , 0.5, 1. ], dtype=float32)
     """
@@ -74,7 +74,7 @@ compile it; pejit folds it when ``x`` is constant."""
 def H(x, d: int = 0):
     """Bind :data:`H_p`: the ``d``-th derivative of ``[x, x**2, x**3, x**4]``, one row per point.
 
-    Example:
+    Examples:
       >>> import numpy as np
       >>> np.asarray(H(np.array([2.0])))
       array([[ 2.,  4.,  8., 16.]], dtype=float32)
@@ -115,7 +115,7 @@ ad.primitive_jvps[H_p] = _H_jvp
 def egrad(g: Callable) -> Callable:
     """Elementwise derivative, as TFC's ``egrad``: the JVP of ``g`` with a tangent of ones.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp
       >>> egrad(jnp.sin)(jnp.zeros(2))
       Array([1., 1.], dtype=float32)

@@ -63,7 +63,7 @@ def explain(
     program); print it for a summary, display it in Jupyter for both jaxprs
     side by side, or call ``to_dot()`` for a Graphviz picture.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp
       >>> from pejit import explain
       >>> def f(A, x):

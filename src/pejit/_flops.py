@@ -44,7 +44,7 @@ def eqn_flops(eqn) -> float:
 def jaxpr_flops(jaxpr) -> float:
     """Estimated FLOPs of one evaluation of ``jaxpr`` (open or closed).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> cj = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 3)), jnp.ones((3, 4)))
       >>> jaxpr_flops(cj)

@@ -443,7 +443,7 @@ def pejit(
     Any keyword of ``jax.jit`` is accepted; argument numbers in it refer to
     the signature you call.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp
       >>> from pejit import pejit
       >>> A = jnp.array([[2.0, 0.0], [0.0, 4.0]])
@@ -469,7 +469,7 @@ def pe(
     The same forms as :func:`pejit`; the result runs the residual program
     equation by equation (it can be jitted, vmapped, differentiated).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> from pejit import pe
       >>> f = pe(jnp.arange(3.0), jnp.ones(3), constant_arg_nums=[0])(lambda x, y: jnp.sin(x) * y)

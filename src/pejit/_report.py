@@ -209,7 +209,7 @@ def classify(closed_jaxpr, known_invars: Sequence[int] = ()) -> list[str]:
     pejit inlines its taken branch, and cheap expansions marked folded may in
     fact be recomputed by the residual program (``report.rematerialized``).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> cj = jax.make_jaxpr(lambda a, x: jnp.sin(a) * x)(1.0, 2.0)
       >>> classify(cj, known_invars=[0])
@@ -243,7 +243,7 @@ def format_jaxpr(closed_jaxpr) -> tuple[str, list[str], str]:
     Sub-jaxprs in parameters are elided to ``{...}`` so that each top-level
     equation is one line; long parameters are elided too.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> format_jaxpr(jax.make_jaxpr(lambda x: jnp.sin(x) + 1.0)(2.0))
       ('{ lambda ; a:f32[]. let', ['b:f32[] = sin[accuracy=None] a', 'c:f32[] = add b 1.0:f32[]'], '  in (c,) }')
@@ -293,7 +293,7 @@ _COLORS = {FOLDED: "#b7e1cd", RESIDUAL: "#f9cb9c", EFFECT: "#ea9999"}
 def jaxpr_to_dot(closed_jaxpr, marks: Sequence[str], known_invars: Sequence[int] = (), name: str = "jaxpr") -> str:
     """Graphviz DOT text of a jaxpr: one node per input and equation, edges for data flow.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> cj = jax.make_jaxpr(lambda a, x: jnp.sin(a) * x)(1.0, 2.0)
       >>> print(jaxpr_to_dot(cj, classify(cj, [0]), [0]))  # doctest: +ELLIPSIS
@@ -326,7 +326,9 @@ def jaxpr_to_dot(closed_jaxpr, marks: Sequence[str], known_invars: Sequence[int]
     for j, (eqn, mark) in enumerate(zip(jaxpr.eqns, marks)):
         node = f"e{j}"
         outs = ", ".join(_type(v.aval) for v in eqn.outvars)
-        label = f"{eqn.primitive.name}\\n{outs}"  # DOT's line break
+        call = eqn.params.get("name")  # jit calls: which function
+        title = f"{eqn.primitive.name} {call}" if isinstance(call, str) else eqn.primitive.name
+        label = f"{title}\\n{outs}"  # DOT's line break
         lines.append(
             f'  {node} [label={q(label)}, shape=box, style="rounded,filled", fillcolor="{_COLORS[mark]}"];'
         )

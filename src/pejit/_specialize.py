@@ -76,7 +76,7 @@ def specialize_jaxpr(
     Python function is re-traced. ``known`` maps input positions to values;
     the residual jaxpr takes the remaining inputs, in order.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> from pejit import specialize_jaxpr
       >>> cj = jax.make_jaxpr(lambda a, x: jnp.linalg.inv(a) @ x)(jnp.eye(2), jnp.ones(2))
