@@ -35,7 +35,23 @@ class PejitWarning(UserWarning):
 
 
 class FoldingSkippedWarning(PejitWarning):
-    """A constant argument was a tracer, so pejit could not fold it."""
+    """A constant argument was a tracer, so pejit could not fold it.
+
+    This happens when an outer transformation (``jax.jit``, ``grad``,
+    ``vmap``) is applied over a constant argument: the function then runs
+    unfolded, with the right result.
+
+    Examples:
+      >>> import warnings, jax
+      >>> from pejit import pejit
+      >>> f = pejit(lambda a, x: a * x, constant_argnums=0)
+      >>> with warnings.catch_warnings(record=True) as caught:
+      ...     warnings.simplefilter("always")
+      ...     jax.jit(f)(2.0, 3.0)
+      Array(6., dtype=float32, weak_type=True)
+      >>> caught[0].category.__name__
+      'FoldingSkippedWarning'
+    """
 
 
 class Specialization:
@@ -62,7 +78,22 @@ class Pejitted:
 
     Created by :func:`pejit` or :func:`pe`. Calling it specializes on the
     constant values (once per value) and runs the residual program on the
-    dynamic arguments.
+    dynamic arguments. ``lower``, ``trace`` and ``eval_shape`` work as on
+    ``jax.jit``; ``report`` summarizes a specialization.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> f = pejit(lambda A, x: jnp.linalg.inv(A) @ x, constant_argnums=0)
+      >>> A = 2 * jnp.eye(2)
+      >>> f(A, jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> f.eval_shape(A, jax.ShapeDtypeStruct((2,), jnp.float32))
+      ShapeDtypeStruct(shape=(2,), dtype=float32)
+      >>> f.lower(A, jnp.ones(2)).compile()(A, jnp.zeros(2))
+      Array([0., 0.], dtype=float32)
+      >>> dict(f.report(A, jnp.ones(2)).residual)
+      {'dot_general': 1}
     """
 
     def __init__(
@@ -272,6 +303,16 @@ class BoundPejitted:
     whose shapes or dtypes differ from the examples re-specializes (as
     ``jax.jit`` retraces); mutating a NumPy constant after creation is
     noticed, never used stale.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> A = 2 * jnp.eye(2)
+      >>> g = pejit(A, jnp.ones(2), constant_arg_nums=[0])(lambda A, x: jnp.linalg.inv(A) @ x)
+      >>> g(jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> g.lower(jnp.ones(2)).compile()(jnp.full(2, 4.0))
+      Array([2., 2.], dtype=float32)
     """
 
     def __init__(self, fun: Callable, example_args: tuple, constant_arg_nums, *, jit: bool, fold_options, jit_kwargs):

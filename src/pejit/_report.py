@@ -52,6 +52,21 @@ class FoldReport:
         by equation as tracing reaches them).
       fallbacks: notes from the folding back end about work it could not
         fold as planned and did another way.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import explain
+      >>> r = explain(lambda A, x: jnp.linalg.inv(A) @ x, jnp.eye(2), jnp.ones(2), constant_argnums=0)
+      >>> print(str(r).splitlines()[1])
+      residual 1 equation (dot_general x1)
+      >>> r.buffers
+      [ShapedArray(float32[2,2])]
+      >>> r.marks
+      ['folded', 'residual']
+      >>> r.to_dot().splitlines()[0]
+      'digraph "pejit" {'
+      >>> "<table>" in r._repr_html_()
+      True
     """
 
     folded: Counter

@@ -29,6 +29,16 @@ class Residual:
       jaxpr: takes the dynamic (flattened) inputs; its ``consts`` are the
         folded values the residual program still needs.
       report: what was folded, what stayed, and what it cost.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit import specialize_jaxpr
+      >>> cj = jax.make_jaxpr(lambda a, x: jnp.exp(a) * x)(1.0, 2.0)
+      >>> res = specialize_jaxpr(cj, known={0: 0.0})
+      >>> [e.primitive.name for e in res.jaxpr.eqns]
+      ['mul']
+      >>> jax.extend.core.jaxpr_as_fun(res.jaxpr)(3.0)
+      [Array(3., dtype=float32, weak_type=True)]
     """
 
     jaxpr: ClosedJaxpr
