@@ -261,7 +261,7 @@ def format_jaxpr(closed_jaxpr) -> tuple[str, list[str], str]:
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> format_jaxpr(jax.make_jaxpr(lambda x: jnp.sin(x) + 1.0)(2.0))
-      ('{ lambda ; a:f32[]. let', ['b:f32[] = sin[accuracy=None] a', 'c:f32[] = add b 1.0:f32[]'], '  in (c,) }')
+      ('{ lambda ; a:f32[]. let', ['b:f32[] = sin a', 'c:f32[] = add b 1.0:f32[]'], '  in (c,) }')
     """
     jaxpr = closed_jaxpr.jaxpr
     fresh = _names()
@@ -298,8 +298,16 @@ def _params(params: dict) -> str:
             shown.append(f"{k}={{...}}")
             continue
         text = str(v)
+        if _default_looking(text):
+            continue
         shown.append(f"{k}={text if len(text) <= 40 else text[:37] + '...'}")
     return f"[{' '.join(shown)}]" if shown else ""
+
+
+def _default_looking(text: str) -> bool:
+    """Parameters not worth a reader's attention (``None``, ``False``, unset shardings)."""
+    parts = text.strip("(),").replace(" ", "").split(",")
+    return all(p in ("", "None", "False", "UnspecifiedValue", "Mesh") for p in parts)
 
 
 _COLORS = {FOLDED: "#b7e1cd", RESIDUAL: "#f9cb9c", EFFECT: "#ea9999"}
