@@ -144,11 +144,15 @@ def well_conditioned(n: int, seed: int = 0) -> np.ndarray:
     return (3.0 * np.eye(n) + r / np.sqrt(n)).astype(np.float32)
 
 
-def time_per_call(f: Callable, *args, repeat: int) -> float:
-    """Median seconds of ``repeat`` calls of ``f(*args)`` after one warm-up call."""
+def time_per_call(f: Callable, *args, repeat: int, budget: float = 5.0) -> float:
+    """Median seconds of ``repeat`` calls of ``f(*args)`` after one warm-up call.
+
+    Stops early (after at least 3 calls) once ``budget`` seconds are spent,
+    so that a slow baseline on a busy machine cannot stretch the demo.
+    """
     jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeat):
+    times: list[float] = []
+    while len(times) < repeat and (len(times) < 3 or sum(times) < budget):
         start = time.perf_counter()
         jax.block_until_ready(f(*args))
         times.append(time.perf_counter() - start)
