@@ -15,6 +15,10 @@ here. What we use, and why no public API does the job:
 * ``partial_eval.convert_constvars_jaxpr`` and ``dce_jaxpr``: turning folded
   constants into explicit arguments (so they reach XLA as buffers, not HLO
   literals) and dropping dead equations.
+* ``partial_eval.partial_eval_jaxpr_nounits_fwd`` and
+  ``move_binders_to_back``: splitting a loop body into the part that depends
+  only on known carries/inputs and the rest, as JAX's own scan
+  partial-evaluation rule does (there is no public jaxpr-splitting API).
 * ``config.eager_constant_folding``: the context-local switch behind
   ``jax.ensure_compile_time_eval``; we read and scope it, never set it
   globally.
@@ -49,6 +53,22 @@ typeof = core.typeof
 convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 dce_jaxpr = _pe.dce_jaxpr
 convert_invars_to_constvars = _pe.convert_invars_to_constvars
+partial_eval_jaxpr_nounits_fwd = _pe.partial_eval_jaxpr_nounits_fwd
+move_binders_to_back = _pe.move_binders_to_back
+
+
+def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
+    """Drop dead equations (e.g. unused lazy expansions) and unused constants.
+
+    Effectful equations are kept; every input is kept, so the signature does
+    not change.
+    """
+    open_jaxpr = convert_constvars_jaxpr(jaxpr)
+    n = len(consts)
+    keep = [False] * n + [True] * len(jaxpr.invars)
+    dced, used = dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    consts = [c for c, u in zip(consts, used[:n]) if u]
+    return convert_invars_to_constvars(dced, len(consts)), consts
 
 
 def core_trace():

@@ -170,6 +170,12 @@ class Folder:
         self._recipes: dict[Any, _Recipe] = {}
         self._materialized: dict[Any, Any] = {}
 
+    def child(self) -> Folder:
+        """A folder for a nested trace (a loop body): same options, same stats."""
+        child = Folder(self.options)
+        child.stats = self.stats
+        return child
+
     # -- the policy -------------------------------------------------------
     def __call__(self, trace, prim, args, params):
         args = [self._known_value(trace, a) for a in args]

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from . import _compat, _rules  # noqa: F401  (registers the fold rules)
+from . import _compat, _loops, _rules  # noqa: F401  (register the fold rules)
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._report import FoldReport
 
@@ -55,7 +55,7 @@ def fold(
     folder = Folder(options)
     start = time.perf_counter()
     jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
-    jaxpr, consts = _prune(jaxpr, consts)
+    jaxpr, consts = _compat.prune(jaxpr, consts)
     consts = [_to_device(c) for c in consts]
     for c in consts:  # folding is only done when its results are
         jax.block_until_ready(c)
@@ -116,17 +116,6 @@ def specialize_jaxpr(
         return replay(_compat.core_trace(), closed_jaxpr, args)
 
     return fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
-
-
-def _prune(jaxpr, consts):
-    """Drop dead equations (e.g. unused lazy expansions) and unused constants."""
-    open_jaxpr = _compat.convert_constvars_jaxpr(jaxpr)
-    n = len(consts)
-    keep = [False] * n + [True] * len(jaxpr.invars)
-    dced, used = _compat.dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
-    used_consts = used[:n]
-    consts = [c for c, u in zip(consts, used_consts) if u]
-    return _compat.convert_invars_to_constvars(dced, len(consts)), consts
 
 
 def _to_device(c):
