@@ -71,6 +71,8 @@ class FoldOptions:
         hoisted out and folded.
       rematerialize: cheap expansions of known values stay in the residual
         program instead of becoming large constants.
+      literals: folded scalars become literals of the residual jaxpr rather
+        than inputs.
       expansion_ratio: an expansion is kept lazy when its output is more than
         this many times larger than its known inputs ...
       expansion_min_bytes: ... and larger than this many bytes.
@@ -82,6 +84,7 @@ class FoldOptions:
     calls: bool = True
     loops: bool = True
     rematerialize: bool = True
+    literals: bool = True
     expansion_ratio: float = 2.0
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20

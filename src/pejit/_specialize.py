@@ -56,6 +56,8 @@ def fold(
     start = time.perf_counter()
     jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
     jaxpr, consts = _compat.prune(jaxpr, consts)
+    if options.literals:
+        jaxpr, consts = _inline_scalars(jaxpr, consts)
     consts = [_to_device(c) for c in consts]
     for c in consts:  # folding is only done when its results are
         jax.block_until_ready(c)
@@ -116,6 +118,29 @@ def specialize_jaxpr(
         return replay(_compat.core_trace(), closed_jaxpr, args)
 
     return fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
+
+
+def _inline_scalars(jaxpr, consts):
+    """Turn folded scalars into literals; larger constants stay inputs.
+
+    A literal is visible to XLA (e.g. ``x * 1.0`` simplifies) and costs no
+    argument; an array constant is passed as a device buffer, so its size
+    never reaches the HLO text or compile time.
+    """
+    literals = {}
+    for var, c in zip(jaxpr.constvars, consts):
+        if np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended):
+            literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
+    if not literals:
+        return jaxpr, consts
+
+    def sub(atoms):
+        return [literals.get(a, a) if isinstance(a, _compat.Var) else a for a in atoms]
+
+    eqns = [e.replace(invars=sub(e.invars)) for e in jaxpr.eqns]
+    kept = [(v, c) for v, c in zip(jaxpr.constvars, consts) if v not in literals]
+    jaxpr = jaxpr.replace(constvars=[v for v, _ in kept], eqns=eqns, outvars=sub(jaxpr.outvars))
+    return jaxpr, [c for _, c in kept]
 
 
 def _to_device(c):
