@@ -43,14 +43,13 @@ from ._folding import Folder, nbytes, register_fold_rule, replay
 def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any]):
     """Fold the work of ``body`` that depends only on concrete ``consts``.
 
-    ``body``'s leading inputs are the loop constants ``consts``. Returns the
-    new body, whose leading inputs are the folded values, then the
-    non-concrete constants and the remaining inputs (unchanged), and the new
-    constants; or ``None`` when no constant is concrete.
+    ``body``'s leading inputs are the loop constants ``consts``; its literals
+    and closed-over constants are known too. Returns the new body, whose
+    leading inputs are the folded values, then the non-concrete constants and
+    the remaining inputs (unchanged), and the new constants; or ``None`` when
+    nothing could be folded.
     """
     concrete = [not isinstance(c, _compat.Tracer) for c in consts]
-    if not any(concrete):
-        return None
     n = len(consts)
     in_avals = body.in_avals
     unknown_avals = [a for a, k in zip(in_avals[:n], concrete) if not k] + list(in_avals[n:])
@@ -60,13 +59,16 @@ def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any]):
         args = [c if k else next(it) for c, k in zip(consts, concrete)]
         return replay(_compat.core_trace(), body, [*args, *it])
 
-    before = Counter(folder.stats.folded)
+    stats = folder.stats
+    before = (Counter(stats.folded), stats.eliminated_branches)
     jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="loop body")
     jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
+    if not any(concrete) and before == (stats.folded, stats.eliminated_branches):
+        return None  # nothing known inside: keep the loop as it was
     new_out = [v.aval for v in jaxpr.outvars]
     if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
         return None  # e.g. a weak-typed folded output: keep the loop as it was
-    folder.stats.hoisted.update(folder.stats.folded - before)
+    stats.hoisted.update(stats.folded - before[0])
     new_body = ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
     return new_body, [*hoisted, *(c for c, k in zip(consts, concrete) if not k)]
 
