@@ -20,8 +20,11 @@ here. What we use, and why no public API does the job:
   only on known carries/inputs and the rest, as JAX's own scan
   partial-evaluation rule does (there is no public jaxpr-splitting API).
 * ``config.eager_constant_folding``: the context-local switch behind
-  ``jax.ensure_compile_time_eval``; we read and scope it, never set it
-  globally.
+  ``jax.ensure_compile_time_eval``; we scope it, never set it globally. It is
+  *off* while pejit traces: otherwise the ``DynamicJaxprTrace`` that JAX
+  opens for a loop body or branch would evaluate every operation on
+  closed-over constants itself, effects included, behind the policy's back.
+  Known work inside bodies is folded by the loop and branch fold rules.
 * ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
@@ -130,6 +133,15 @@ class StagingTrace(_pe.DynamicJaxprTrace):
             aval = core.AvalQDD(aval, var.initial_qdd)
         return KnowableTracer(self, aval, var, source_info, parent)
 
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
+        # All inputs concrete: JAX's eager path evaluates the call (folds it).
+        with _config.eager_constant_folding(not any(isinstance(t, Tracer) for t in tracers)):
+            return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
+        with _config.eager_constant_folding(not any(isinstance(t, Tracer) for t in tracers)):
+            return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+
     def stage(self, prim, tracers, params):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
         with _config.eager_constant_folding(False):
@@ -156,7 +168,7 @@ def trace_staging(
     with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
         source_info = source_info_util.current()
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
-        with core.set_current_trace(trace), _config.eager_constant_folding(True):
+        with core.set_current_trace(trace), _config.eager_constant_folding(False):
             ans = wrapped.call_wrapped(*in_tracers)
         _pe._check_returned_jaxtypes(dbg, ans)
         ans = [dtypes.canonicalize_value(x) for x in ans]
