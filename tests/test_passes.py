@@ -91,6 +91,17 @@ def test_known_index_leaves_only_the_taken_branch(fun, const):
     assert report.eliminated_branches >= 1
 
 
+def test_unknown_index_hoists_known_work_out_of_branches():
+    def f(A, x):
+        branches = [lambda x: jnp.linalg.inv(A) @ x, lambda x: x * A[0, 0], jnp.cos]
+        return lax.switch(jnp.int32(x[0]), branches, x)
+
+    for x in (X, -X, 2 * X):
+        jaxpr, _ = assert_matches_jit(f, A, x)
+        names = prims(jaxpr)
+        assert "cond" in names and not LAPACK & set(names)
+
+
 # -- 2. loops ------------------------------------------------------------
 
 
@@ -180,6 +191,22 @@ def test_loop_effects_stay_and_run_every_iteration():
     jax.block_until_ready(pejit.pejit(f, constant_argnums=0)(A, X))
     jax.effects_barrier()
     assert seen == [0, 1, 2]
+
+
+def test_effects_on_constants_in_loop_bodies_stay(capfd):
+    def f(A, x):
+        def body(c, _):
+            jax.debug.print("a00 = {}", A[0, 0])
+            return 2 * c, None
+
+        return lax.scan(body, x, length=2)[0]
+
+    g = pejit.pejit(f, constant_argnums=0)
+    capfd.readouterr()
+    for _ in range(2):
+        jax.block_until_ready(g(A, X))
+    jax.effects_barrier()
+    assert capfd.readouterr().out.count("a00 = 2.0") == 4
 
 
 # -- 3. calls ------------------------------------------------------------

@@ -40,14 +40,14 @@ from . import _compat
 from ._folding import Folder, nbytes, register_fold_rule, replay
 
 
-def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any]):
+def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False):
     """Fold the work of ``body`` that depends only on concrete ``consts``.
 
     ``body``'s leading inputs are the loop constants ``consts``; its literals
     and closed-over constants are known too. Returns the new body, whose
     leading inputs are the folded values, then the non-concrete constants and
     the remaining inputs (unchanged), and the new constants; or ``None`` when
-    nothing could be folded.
+    nothing could be folded (unless ``force``) or the output types changed.
     """
     concrete = [not isinstance(c, _compat.Tracer) for c in consts]
     n = len(consts)
@@ -63,7 +63,7 @@ def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any]):
     before = (Counter(stats.folded), stats.eliminated_branches)
     jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="loop body")
     jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
-    if not any(concrete) and before == (stats.folded, stats.eliminated_branches):
+    if not force and not any(concrete) and before == (stats.folded, stats.eliminated_branches):
         return None  # nothing known inside: keep the loop as it was
     new_out = [v.aval for v in jaxpr.outvars]
     if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
@@ -218,6 +218,33 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
         cond_jaxpr=ck, body_jaxpr=bk, cond_nconsts=n_known_c, body_nconsts=n_known_b
     )
     return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
+
+
+def hoist_branches(folder: Folder, trace, prim, index, operands, params):
+    """Hoist known work out of the branches of a ``cond`` with unknown index.
+
+    Each branch is replayed with the concrete operands known; what each one
+    folds becomes extra operands, which the other branches ignore.
+    """
+    if not any(not isinstance(o, _compat.Tracer) for o in operands):
+        return NotImplemented
+    hoisted = [_hoist(folder, b, operands, force=True) for b in params["branches"]]
+    if any(h is None for h in hoisted):
+        return NotImplemented
+    dynamic = [o for o in operands if isinstance(o, _compat.Tracer)]
+    n_dyn = len(dynamic)
+    consts = [new[: len(new) - n_dyn] for _, new in hoisted]
+    branches = []
+    for i, (body, _) in enumerate(hoisted):
+        jaxpr = body.jaxpr
+        own, rest = jaxpr.invars[: len(consts[i])], jaxpr.invars[len(consts[i]) :]
+        others = lambda cs: [_compat.Var(_compat.typeof(c)) for c in cs]  # noqa: E731
+        invars = [v for j, cs in enumerate(consts) for v in (own if j == i else others(cs))]
+        dbg = jaxpr.debug_info._replace(arg_names=None) if jaxpr.debug_info else None
+        branches.append(ClosedJaxpr(jaxpr.replace(invars=[*invars, *rest], debug_info=dbg), ()))
+    args = [index, *(c for cs in consts for c in cs), *dynamic]
+    folder.stats.staged[prim.name] += 1
+    return trace.stage(prim, args, dict(params, branches=tuple(branches)))
 
 
 def _fold_now(folder: Folder, trace, prim, args, params) -> list:

@@ -12,14 +12,20 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from ._folding import Folder, register_fold_rule, replay
+from ._loops import hoist_branches
 
 
 @register_fold_rule(P.cond_p)
 def _cond(folder: Folder, trace, prim, args, params):
-    """A known index selects one branch: inline it, drop the ``cond``."""
+    """A known index selects one branch: inline it, drop the ``cond``.
+
+    With an unknown index, known work inside the branches is hoisted out.
+    """
     index, *operands = args
-    if not folder.options.branches or not folder.is_known(index):
+    if not folder.options.branches:
         return NotImplemented
+    if not folder.is_known(index):
+        return hoist_branches(folder, trace, prim, index, operands, params)
     branches = params["branches"]
     i = int(np.clip(np.asarray(folder.materialize(index)), 0, len(branches) - 1))
     folder.stats.eliminated_branches += 1
