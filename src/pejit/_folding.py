@@ -60,15 +60,16 @@ class FoldOptions:
     """Switches for pejit's passes, each on by default.
 
     Turn one off to debug a suspected miscompilation: the result must not
-    change, only how much is folded.
+    change, only how much is folded. The passes are described together in
+    :mod:`pejit._rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
-        branch.
+        branch; with an unknown index, known work in branches is hoisted.
       calls: nested ``jax.jit`` calls with some known inputs are specialized
         through (inlined), so the known work inside them folds.
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
-        hoisted out and folded.
+        hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual
         program instead of becoming large constants.
       literals: folded scalars become literals of the residual jaxpr rather
@@ -76,8 +77,9 @@ class FoldOptions:
       expansion_ratio: an expansion is kept lazy when its output is more than
         this many times larger than its known inputs ...
       expansion_min_bytes: ... and larger than this many bytes.
-      loop_residual_bytes: budget for per-iteration known loop work hoisted
-        out as stacked residuals.
+      loop_residual_bytes: per loop, the most bytes of per-iteration known
+        work (``length x size``) folded into stacked constants; a loop that
+        would need more keeps that work in its body.
     """
 
     branches: bool = True

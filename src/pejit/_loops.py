@@ -67,7 +67,7 @@ def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: b
         return None  # nothing known inside: keep the loop as it was
     new_out = [v.aval for v in jaxpr.outvars]
     if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
-        return None  # e.g. a weak-typed folded output: keep the loop as it was
+        return None  # defensive: replaying must not change the body's type
     stats.hoisted.update(stats.folded - before[0])
     new_body = ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
     return new_body, [*hoisted, *(c for c, k in zip(consts, concrete) if not k)]

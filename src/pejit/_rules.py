@@ -1,9 +1,50 @@
-"""Fold rules for primitives that carry sub-jaxprs.
+"""Fold rules for primitives that carry sub-jaxprs, and the passes pejit runs.
 
-Each rule replays the relevant sub-jaxpr under the folding trace, so the
-known work inside it folds like any other, and returns ``NotImplemented``
-when it has nothing to add over the default policy (fold if all inputs are
-known, else stage).
+pejit's passes are not separate sweeps over a jaxpr: they are decisions the
+folding trace (:mod:`pejit._folding`) makes equation by equation, either in
+its default policy or in a rule keyed by primitive (``register_fold_rule``).
+A rule replays the relevant sub-jaxpr under the folding trace, so the known
+work inside it folds like any other, and returns ``NotImplemented`` when it
+has nothing to add over the default policy. Every pass is on by default and
+has a :class:`~pejit.FoldOptions` switch, for debugging: turning one off
+never changes results, only how much is folded::
+
+    pejit(f, constant_argnums=0, fold_options=pejit.FoldOptions(loops=False))
+
+The passes, in one place:
+
+``branches`` (:func:`_cond`, here)
+  ``lax.cond``/``lax.switch`` with a known index are replaced by the taken
+  branch, replayed inline: no ``cond`` equation is left, wherever the cond
+  sits (loop bodies and nested ``jax.jit`` are replayed too). With an
+  unknown index, the work each branch does on known operands is hoisted out
+  and folded; the ``cond`` stays.
+``calls`` (:func:`_jit`, here)
+  A nested ``jax.jit`` call with some known inputs is specialized through
+  (inlined), so the known work inside it folds. ``custom_jvp``/``custom_vjp``
+  calls are folded when all their inputs are known and otherwise kept
+  whole, so their custom rule keeps governing derivatives of the dynamic
+  inputs (not switchable: there is nothing to turn off).
+``loops`` (:mod:`pejit._loops`)
+  Loop-invariant work in ``scan``/``while_loop``/``fori_loop`` bodies and
+  while conditions is hoisted out and folded once; carries that stay known
+  (e.g. ``fori_loop`` counters) and known scanned-over inputs are folded
+  too, through per-iteration stacked residuals limited to
+  ``FoldOptions.loop_residual_bytes`` (default 64 MiB) in all per loop. A
+  loop whose inputs are all known is folded entirely (default policy).
+``rematerialize`` (:class:`~pejit._folding.Folder`)
+  Cost-aware folding: a cheap expansion of known values (``broadcast_in_dim``,
+  ``iota``, reshapes, converts, ... and elementwise work on them) whose
+  output is more than ``expansion_ratio`` times larger than its known inputs
+  and above ``expansion_min_bytes`` is not materialized; it stays in the
+  residual program. Expensive known work feeding it is still folded.
+``literals`` (:mod:`pejit._specialize`)
+  Folded scalars become literals of the residual jaxpr. Every other folded
+  constant is an input of the residual program, so it reaches XLA as a
+  device buffer (an argument), never as an HLO literal: lowering and
+  compile time do not grow with it.
+
+Dead-code elimination of the residual jaxpr always runs.
 """
 
 from __future__ import annotations
