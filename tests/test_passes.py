@@ -327,3 +327,9 @@ def test_each_pass_can_be_turned_off(switch):
 def test_fold_options_are_validated():
     with pytest.raises(TypeError, match="fold_options"):
         pejit.pejit(lambda x: x, fold_options={"loops": False})
+
+
+def test_report_counts_hoisted_work():
+    report = residual(_scan_inv, A, X)[1]
+    assert report.hoisted["jit"] == report.folded["jit"] == 1  # the call to inv
+    assert "hoisted out of loops" in str(report)
