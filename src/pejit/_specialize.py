@@ -127,9 +127,11 @@ def _inline_scalars(jaxpr, consts):
     argument; an array constant is passed as a device buffer, so its size
     never reaches the HLO text or compile time.
     """
+    outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # stay arrays
     literals = {}
     for var, c in zip(jaxpr.constvars, consts):
-        if np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended):
+        scalar = np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended)
+        if scalar and var not in outputs:
             literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
     if not literals:
         return jaxpr, consts
@@ -139,7 +141,7 @@ def _inline_scalars(jaxpr, consts):
 
     eqns = [e.replace(invars=sub(e.invars)) for e in jaxpr.eqns]
     kept = [(v, c) for v, c in zip(jaxpr.constvars, consts) if v not in literals]
-    jaxpr = jaxpr.replace(constvars=[v for v, _ in kept], eqns=eqns, outvars=sub(jaxpr.outvars))
+    jaxpr = jaxpr.replace(constvars=[v for v, _ in kept], eqns=eqns)
     return jaxpr, [c for _, c in kept]
 
 
