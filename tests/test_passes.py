@@ -218,6 +218,25 @@ def test_nested_jit_with_mixed_inputs_is_specialized():
     assert "jit" not in prims(jaxpr) and not LAPACK & set(prims(jaxpr))
 
 
+def test_nested_jit_closing_over_constants_is_specialized():
+    def f(A, x):
+        solve = jax.jit(lambda y: jnp.linalg.inv(A) @ y)
+        return solve(x)
+
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    assert not LAPACK & set(prims(jaxpr))
+
+
+def test_checkpoint_keeps_its_body_folded_and_its_rule():
+    f = lambda A, x: jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.linalg.inv(A) @ y))(x))  # noqa: E731
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    names = prims(jaxpr)
+    assert "checkpoint" in names or "remat2" in names
+    assert not LAPACK & set(names)
+    got = jax.grad(pejit.pejit(f, constant_argnums=0), argnums=1)(A, X)
+    np.testing.assert_allclose(got, jax.grad(f, argnums=1)(A, X), rtol=1e-5)
+
+
 @jax.custom_vjp
 def _scaled(a, x):
     return jnp.sin(a) * x

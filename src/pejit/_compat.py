@@ -133,13 +133,15 @@ class StagingTrace(_pe.DynamicJaxprTrace):
             aval = core.AvalQDD(aval, var.initial_qdd)
         return KnowableTracer(self, aval, var, source_info, parent)
 
+    # A custom_jvp/custom_vjp call is folded whole (JAX's eager path) when its
+    # inputs are all concrete; otherwise it is staged, with known work in its
+    # primal function folded as JAX traces it. Its rules are never bypassed.
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
-        # All inputs concrete: JAX's eager path evaluates the call (folds it).
-        with _config.eager_constant_folding(not any(isinstance(t, Tracer) for t in tracers)):
+        with _config.eager_constant_folding(True):
             return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
 
     def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
-        with _config.eager_constant_folding(not any(isinstance(t, Tracer) for t in tracers)):
+        with _config.eager_constant_folding(True):
             return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
 
     def stage(self, prim, tracers, params):

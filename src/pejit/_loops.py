@@ -40,37 +40,51 @@ from . import _compat
 from ._folding import Folder, nbytes, register_fold_rule, replay
 
 
-def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False):
-    """Fold the work of ``body`` that depends only on concrete ``consts``.
+#: Stands for an input of a body that is never known (a carry, a scanned input).
+DYNAMIC = object()
 
-    ``body``'s leading inputs are the loop constants ``consts``; its literals
-    and closed-over constants are known too. Returns the new body, whose
-    leading inputs are the folded values, then the non-concrete constants and
-    the remaining inputs (unchanged), and the new constants; or ``None`` when
-    nothing could be folded (unless ``force``) or the output types changed.
+
+def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False):
+    """Fold the work of ``body`` that depends only on its concrete ``args``.
+
+    ``args`` are ``body``'s inputs: concrete values, tracers or ``DYNAMIC``;
+    its literals and closed-over constants are known too. Returns the new
+    body and its arguments: the folded values it still needs, then the
+    non-concrete ``args`` in order. Returns ``None`` when nothing could be
+    folded (unless ``force``).
     """
-    concrete = [not isinstance(c, _compat.Tracer) for c in consts]
-    n = len(consts)
-    in_avals = body.in_avals
-    unknown_avals = [a for a, k in zip(in_avals[:n], concrete) if not k] + list(in_avals[n:])
+    concrete = [not isinstance(a, _compat.Tracer) and a is not DYNAMIC for a in args]
+    unknown_avals = [aval for aval, k in zip(body.in_avals, concrete) if not k]
 
     def interpret(*unknown):
         it = iter(unknown)
-        args = [c if k else next(it) for c, k in zip(consts, concrete)]
-        return replay(_compat.core_trace(), body, [*args, *it])
+        return replay(_compat.core_trace(), body, [a if k else next(it) for a, k in zip(args, concrete)])
 
     stats = folder.stats
     before = (Counter(stats.folded), stats.eliminated_branches)
-    jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="loop body")
+    jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="body")
     jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
     if not force and not any(concrete) and before == (stats.folded, stats.eliminated_branches):
-        return None  # nothing known inside: keep the loop as it was
+        return None  # nothing known inside: keep the body as it was
     new_out = [v.aval for v in jaxpr.outvars]
     if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
         return None  # defensive: replaying must not change the body's type
     stats.hoisted.update(stats.folded - before[0])
     new_body = ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
-    return new_body, [*hoisted, *(c for c, k in zip(consts, concrete) if not k)]
+    return new_body, [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
+
+
+def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False):
+    """:func:`hoist` for a body whose leading inputs are ``consts``, the rest dynamic.
+
+    Returns the new body and its new leading constants, or ``None``.
+    """
+    n_rest = len(body.in_avals) - len(consts)
+    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force)
+    if hoisted is None:
+        return None
+    new_body, new_args = hoisted
+    return new_body, new_args[: len(new_args) - n_rest]
 
 
 @register_fold_rule(P.scan_p)

@@ -50,10 +50,11 @@ Dead-code elimination of the residual jaxpr always runs.
 from __future__ import annotations
 
 import numpy as np
+from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as P
 
 from ._folding import Folder, register_fold_rule, replay
-from ._loops import hoist_branches
+from ._loops import hoist, hoist_branches
 
 
 @register_fold_rule(P.cond_p)
@@ -78,12 +79,30 @@ def _jit(folder: Folder, trace, prim, args, params):
     """Specialize through a nested ``jax.jit`` that has some known inputs.
 
     A call with only concrete inputs is left to the default policy, which
-    runs it as one compiled program; a call with only unknown inputs has
-    nothing to fold and stays a call. ``jax.numpy`` functions are such calls,
+    runs it as one compiled program; a call with only unknown inputs and no
+    closed-over constants has nothing to fold and stays a call. ``jax.numpy`` functions are such calls,
     so a lazy expansion entering one is replayed too, to stay lazy.
     """
     known = [folder.is_known(a) for a in args]
     concrete = all(k and not folder.is_lazy(a) for k, a in zip(known, args))
-    if not folder.options.calls or concrete or not any(known):
+    closes_over_constants = bool(params["jaxpr"].consts)
+    if not folder.options.calls or concrete or not (any(known) or closes_over_constants):
         return NotImplemented
     return replay(trace, params["jaxpr"], args)
+
+
+@register_fold_rule(P.remat_p)
+def _checkpoint(folder: Folder, trace, prim, args, params):
+    """Fold the known work inside ``jax.checkpoint``; keep the checkpoint.
+
+    The known inputs are constants, so no derivative flows through the
+    folded part, and the checkpoint still governs the dynamic rest.
+    """
+    if not folder.options.calls or all(folder.is_known(a) for a in args):
+        return NotImplemented
+    hoisted = hoist(folder, ClosedJaxpr(params["jaxpr"], ()), args)
+    if hoisted is None:
+        return NotImplemented
+    body, args = hoisted
+    folder.stats.staged[prim.name] += 1
+    return trace.stage(prim, args, dict(params, jaxpr=body.jaxpr))
