@@ -1,4 +1,8 @@
-"""Fold rules for loops: known work inside ``scan`` and ``while_loop``.
+"""Fold rules for loops, and hoisting known work out of any sub-jaxpr.
+
+:func:`hoist` replays a body (loop body, branch, checkpointed function)
+under a nested folding trace; the loop rules below and the ``cond`` and
+``checkpoint`` rules of :mod:`pejit._rules` build on it.
 
 A loop whose inputs are all known is folded whole by the default policy. A
 loop with some unknown inputs stays in the residual program, after two
@@ -252,8 +256,9 @@ def hoist_branches(folder: Folder, trace, prim, index, operands, params):
     for i, (body, _) in enumerate(hoisted):
         jaxpr = body.jaxpr
         own, rest = jaxpr.invars[: len(consts[i])], jaxpr.invars[len(consts[i]) :]
-        others = lambda cs: [_compat.Var(_compat.typeof(c)) for c in cs]  # noqa: E731
-        invars = [v for j, cs in enumerate(consts) for v in (own if j == i else others(cs))]
+        invars = []
+        for j, cs in enumerate(consts):  # unused binders for the other branches' values
+            invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
         dbg = jaxpr.debug_info._replace(arg_names=None) if jaxpr.debug_info else None
         branches.append(ClosedJaxpr(jaxpr.replace(invars=[*invars, *rest], debug_info=dbg), ()))
     args = [index, *(c for cs in consts for c in cs), *dynamic]
