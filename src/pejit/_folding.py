@@ -66,8 +66,9 @@ class FoldOptions:
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
         branch; with an unknown index, known work in branches is hoisted.
-      calls: nested ``jax.jit`` calls with some known inputs are specialized
-        through (inlined), so the known work inside them folds.
+      calls: nested ``jax.jit`` calls with some known inputs (or closed-over
+        constants) are specialized through (inlined), so the known work
+        inside them folds; ``jax.checkpoint`` bodies are folded in place.
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
         hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual

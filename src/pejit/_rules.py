@@ -19,12 +19,14 @@ The passes, in one place:
   sits (loop bodies and nested ``jax.jit`` are replayed too). With an
   unknown index, the work each branch does on known operands is hoisted out
   and folded; the ``cond`` stays.
-``calls`` (:func:`_jit`, here)
-  A nested ``jax.jit`` call with some known inputs is specialized through
-  (inlined), so the known work inside it folds. ``custom_jvp``/``custom_vjp``
-  calls are folded when all their inputs are known and otherwise kept
-  whole, so their custom rule keeps governing derivatives of the dynamic
-  inputs (not switchable: there is nothing to turn off).
+``calls`` (:func:`_jit`, :func:`_checkpoint`, here)
+  A nested ``jax.jit`` call with some known inputs or closed-over constants
+  is specialized through (inlined), so the known work inside it folds. A
+  ``jax.checkpoint`` keeps its place (and its rematerialization policy for
+  the dynamic inputs) with the known work inside it folded.
+  ``custom_jvp``/``custom_vjp`` calls are folded when all their inputs are
+  known and otherwise kept whole, so their custom rule keeps governing
+  derivatives of the dynamic inputs (not switchable: nothing to turn off).
 ``loops`` (:mod:`pejit._loops`)
   Loop-invariant work in ``scan``/``while_loop``/``fori_loop`` bodies and
   while conditions is hoisted out and folded once; carries that stay known
@@ -80,8 +82,9 @@ def _jit(folder: Folder, trace, prim, args, params):
 
     A call with only concrete inputs is left to the default policy, which
     runs it as one compiled program; a call with only unknown inputs and no
-    closed-over constants has nothing to fold and stays a call. ``jax.numpy`` functions are such calls,
-    so a lazy expansion entering one is replayed too, to stay lazy.
+    closed-over constants has nothing to fold and stays a call. ``jax.numpy``
+    functions are such calls, so a lazy expansion entering one is replayed
+    too, to stay lazy.
     """
     known = [folder.is_known(a) for a in args]
     concrete = all(k and not folder.is_lazy(a) for k, a in zip(known, args))
