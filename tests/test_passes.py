@@ -352,3 +352,18 @@ def test_report_counts_hoisted_work():
     report = residual(_scan_inv, A, X)[1]
     assert report.hoisted["jit"] == report.folded["jit"] == 1  # the call to inv
     assert "hoisted out of loops" in str(report)
+
+
+def test_python_control_flow_on_constants_inside_loop_bodies():
+    def f(A, x):
+        def body(c, _):
+            if A.sum() > 0:  # needs A's value while JAX traces the body
+                return c * A[A > 0.2].sum(), None  # and a data-dependent shape
+            return c, None
+
+        return lax.scan(body, x, length=1)[0]
+
+    got = pejit.pejit(f, constant_argnums=0)(A, X)
+    np.testing.assert_allclose(got, X * A[A > 0.2].sum(), rtol=1e-6)
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        pejit.pejit(f, constant_argnums=1)(A, X)  # A dynamic: a real error

@@ -155,6 +155,7 @@ def trace_staging(
     in_avals: Sequence[Any],
     policy: Callable,
     name: str = "pejit",
+    eager_bodies: bool = False,
 ) -> tuple[Jaxpr, list[Any]]:
     """Trace ``fun`` (flat arrays in, flat list out) into a jaxpr.
 
@@ -162,6 +163,11 @@ def trace_staging(
     ``policy`` says so; the rest are staged. Returns the jaxpr (constvars hold
     the folded values) and the list of those values. Mirrors
     ``partial_eval.trace_to_jaxpr_dynamic``.
+
+    ``eager_bodies`` lets JAX itself evaluate operations on concrete values
+    while it traces loop bodies and branches (``eager_constant_folding``), so
+    Python control flow on constants works there too, at the price of
+    folding effects and expansions inside those bodies.
     """
     dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
     dbg = dbg._replace(result_paths=None)
@@ -170,7 +176,7 @@ def trace_staging(
     with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
         source_info = source_info_util.current()
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
-        with core.set_current_trace(trace), _config.eager_constant_folding(False):
+        with core.set_current_trace(trace), _config.eager_constant_folding(eager_bodies):
             ans = wrapped.call_wrapped(*in_tracers)
         _pe._check_returned_jaxtypes(dbg, ans)
         ans = [dtypes.canonicalize_value(x) for x in ans]

@@ -21,6 +21,15 @@ from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._report import FoldReport
 
 
+#: What Python raises when it needs the concrete value of a tracer.
+_NEEDS_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Residual:
     """The residual program of one specialization.
@@ -52,9 +61,16 @@ def fold(
     before: ClosedJaxpr | None = None,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work."""
-    folder = Folder(options)
     start = time.perf_counter()
-    jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
+    try:
+        folder = Folder(options)
+        jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
+    except _NEEDS_CONCRETE:
+        # Python needed a concrete value inside a loop body or branch, which
+        # pejit traces abstractly (so that effects there stay); let JAX fold
+        # eagerly inside bodies instead. A genuinely dynamic value fails again.
+        folder = Folder(options)
+        jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
     if options.literals:
         jaxpr, consts = _inline_scalars(jaxpr, consts)
