@@ -276,6 +276,18 @@ def test_custom_rules_govern_derivatives_of_dynamic_inputs(custom):
     assert not np.allclose(got, autodiff)  # the custom rule was used
 
 
+def test_custom_rule_inside_a_loop_body_survives_hoisting():
+    def loss(a, x):
+        body = lambda c, _: (_scaled(jnp.linalg.norm(a) * a, c), None)  # noqa: E731
+        return jnp.sum(lax.scan(body, x, length=3)[0])
+
+    jaxpr, _ = assert_matches_jit(loss, X, A[0])
+    names = prims(jaxpr)
+    assert "custom_vjp_call" in names and "sqrt" not in names  # the norm was hoisted
+    got = jax.grad(pejit.pejit(loss, constant_argnums=0), argnums=1)(X, A[0])
+    np.testing.assert_allclose(got, jax.grad(jax.jit(lambda x: loss(X, x)))(A[0]), rtol=1e-6)
+
+
 @pytest.mark.parametrize("custom", [_scaled, _clipped], ids=["custom_vjp", "custom_jvp"])
 def test_custom_rules_with_known_inputs_fold(custom):
     jaxpr, _ = assert_matches_jit(lambda a, x: custom(a, a) * x, X, A[0])
