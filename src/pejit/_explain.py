@@ -112,18 +112,7 @@ def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
 
     jaxpr, consts = _compat.trace_staging(flat_fun, avals, _StageAll(), name="explain")
     # Values Python asked for (``if A.sum() > 0``) leave dead equations behind.
-    return _dce(ClosedJaxpr(jaxpr, consts))
-
-
-def _dce(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """Drop dead equations and unused constants (effectful equations stay)."""
-    jaxpr, consts = closed.jaxpr, closed.consts
-    n = len(consts)
-    keep = [False] * n + [True] * len(jaxpr.invars)
-    open_jaxpr = _compat.convert_constvars_jaxpr(jaxpr)
-    dced, used = _compat.dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
-    consts = [c for c, u in zip(consts, used[:n]) if u]
-    return ClosedJaxpr(_compat.convert_invars_to_constvars(dced, len(consts)), consts)
+    return ClosedJaxpr(*_compat.prune(jaxpr, consts))
 
 
 __all__ = ["explain"]

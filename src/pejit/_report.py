@@ -50,6 +50,8 @@ class FoldReport:
         ``consts`` always are).
       strategy: how known sub-programs were evaluated (``"eager"``: equation
         by equation as tracing reaches them).
+      hoisted: equations folded inside loop bodies and branches (hoisted
+        out of them), by primitive; also counted in ``folded``.
       fallbacks: notes from the folding back end about work it could not
         fold as planned and did another way.
 
@@ -78,6 +80,7 @@ class FoldReport:
     fold_seconds: float
     after: Any
     before: Any = None
+    hoisted: Counter = dataclasses.field(default_factory=Counter)
     known_invars: tuple[int, ...] = ()
     strategy: str = "eager"
     fallbacks: tuple[str, ...] = ()
@@ -95,6 +98,7 @@ class FoldReport:
             fold_seconds=seconds,
             after=closed_jaxpr,
             before=before,
+            hoisted=stats.hoisted,
         )
 
     @property
@@ -171,6 +175,8 @@ class FoldReport:
             )
         if self.eliminated_branches:
             lines.append(f"branches eliminated: {self.eliminated_branches}")
+        if self.hoisted:
+            lines.append(f"hoisted out of loops and branches: {_fmt(self.hoisted)}")
         lines.extend(f"note: {w}" for w in self.warnings)
         return "\n".join(lines)
 
