@@ -11,18 +11,22 @@ Two forms share one implementation, :class:`Pejitted`:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from . import _argnums
+from . import _argnums, _compat
+from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
 from ._folding import FoldOptions
-from ._keys import TracedConstant, constant_key, references
+from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
+from ._report import FoldReport
 from ._specialize import Residual, fold
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -38,23 +42,78 @@ class FoldingSkippedWarning(PejitWarning):
     """A constant argument was a tracer, so pejit could not fold it."""
 
 
-class Specialization:
-    """One residual program and the executable that runs it."""
+class _Program:
+    """What specializations of one structure share: residual program, executables.
 
-    def __init__(self, residual: Residual, in_tree, out_tree, run: Callable, keepalive: list):
-        self.residual = residual
-        self.in_tree = in_tree
+    ``fold`` is the compiled folding program (constant array leaves in,
+    folded constants out) when tracing did not depend on constant values;
+    then a new constant value costs one run of it. It is None for a
+    value-dependent specialization, which owns its program alone.
+    """
+
+    __slots__ = ("jaxpr", "out_tree", "report", "run", "fold")
+
+    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: Callable | None):
+        self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
         self.out_tree = out_tree
-        self.run = run
-        self.consts = residual.consts
-        self._keepalive = keepalive  # leaves whose identity the cache key uses
+        self.report = report
+        self.run = run  # run(consts, *dyn_args, **dyn_kwargs)
+        self.fold = fold
+
+
+#: Marks a structure whose trace depends on constant values (or whose folding
+#: program cannot be compiled): each value is folded by tracing again.
+_VALUE_DEPENDENT = object()
+
+
+class Specialization:
+    """One specialization: folded constants and the program that uses them."""
+
+    __slots__ = ("program", "consts", "fold_seconds", "_residual")
+
+    def __init__(self, program: _Program, consts: list, fold_seconds: float, residual: Residual | None = None):
+        self.program = program
+        self.consts = consts
+        self.fold_seconds = fold_seconds
+        self._residual = residual
 
     @property
-    def report(self):
+    def run(self) -> Callable:
+        return self.program.run
+
+    @property
+    def out_tree(self):
+        return self.program.out_tree
+
+    @property
+    def residual(self) -> Residual:
+        if self._residual is None:
+            closed = ClosedJaxpr(self.program.jaxpr, self.consts)
+            report = dataclasses.replace(self.program.report, after=closed, fold_seconds=self.fold_seconds)
+            self._residual = Residual(closed, report)
+        return self._residual
+
+    @property
+    def report(self) -> FoldReport:
         return self.residual.report
 
     def __call__(self, dyn_args, dyn_kwargs):
-        return self.run(self.consts, *dyn_args, **dyn_kwargs)
+        return self.program.run(self.consts, *dyn_args, **dyn_kwargs)
+
+
+class _Layout(NamedTuple):
+    """Where the constants are in a call with a given number of positional arguments."""
+
+    is_const: tuple[bool, ...]
+    const: tuple[int, ...]
+    dyn: tuple[int, ...]
+
+
+class _KW:
+    """Tags the keyword part of a cache key."""
+
+
+_ArrayImpl = _compat.ArrayImpl
 
 
 class Pejitted:
@@ -62,7 +121,9 @@ class Pejitted:
 
     Created by :func:`pejit` or :func:`pe`. Calling it specializes on the
     constant values (once per value) and runs the residual program on the
-    dynamic arguments.
+    dynamic arguments. Specializations live in an LRU cache of ``cache_size``
+    entries (:data:`DEFAULT_CACHE_SIZE` by default, ``None`` for unbounded);
+    one keyed on a ``jax.Array`` constant is dropped when that array dies.
     """
 
     def __init__(
@@ -73,15 +134,27 @@ class Pejitted:
         constant_argnames: str | Sequence[str] | None = None,
         jit: bool = True,
         fold_options: FoldOptions | None = None,
+        cache_size: int | None = DEFAULT_CACHE_SIZE,
+        constant_shardings: Any = None,
         **jit_kwargs: Any,
     ):
         if not callable(fun):
             raise TypeError(f"pejit: expected a callable to specialize, got {type(fun).__name__} {fun!r}")
         self._fun = fun
+        self._name = getattr(fun, "__name__", type(fun).__name__)
         self._jit = jit
         self._options = fold_options or FoldOptions()
         if not isinstance(self._options, FoldOptions):
             raise TypeError(f"fold_options must be a pejit.FoldOptions, got {type(self._options).__name__}")
+        if constant_shardings is not None and not (
+            isinstance(constant_shardings, jax.sharding.Sharding) or callable(constant_shardings)
+        ):
+            raise TypeError(
+                "constant_shardings must be a jax.sharding.Sharding or a callable "
+                f"from a folded constant's jax.ShapeDtypeStruct to a Sharding (or None), "
+                f"got {type(constant_shardings).__name__}"
+            )
+        self._constant_shardings = constant_shardings
         sig = _argnums.signature(fun)
         self._nargs = _argnums.positional_count(sig)
         const = self._resolve(sig, "constant_argnums", constant_argnums, "constant_argnames", constant_argnames)
@@ -104,7 +177,10 @@ class Pejitted:
         self._fixed_names = const[1] | static[1]
         self._donate_nums, self._donate_names = donate
         self._jit_kwargs = jit_kwargs
-        self._cache: dict[Any, Specialization] = {}
+        self._cache = SpecializationCache(cache_size)
+        # structure key -> _Program or _VALUE_DEPENDENT
+        self._programs = SpecializationCache(cache_size)
+        self._layouts: dict[int, _Layout] = {}
         self._lock = threading.RLock()
         self._warned = False
         functools.update_wrapper(self, fun)
@@ -114,19 +190,59 @@ class Pejitted:
         names = _argnums.check_argnames(what_names, names)
         return _argnums.resolve(f"{what_nums}/{what_names}", sig, nums, names)
 
+    # -- the cache ----------------------------------------------------------
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, maximum and current size of the specialization cache.
+
+        Example:
+          >>> import jax.numpy as jnp
+          >>> from pejit import pejit
+          >>> f = pejit(lambda a, x: jnp.sin(a) * x, constant_argnums=0)
+          >>> a = jnp.ones(3)
+          >>> _ = f(a, jnp.ones(3)); _ = f(a, jnp.ones(3))
+          >>> f.cache_info()
+          CacheInfo(hits=1, misses=1, maxsize=128, currsize=1)
+        """
+        return self._cache.info()
+
+    def cache_clear(self) -> None:
+        """Drop every specialization and compiled program, and reset the statistics."""
+        with self._lock:
+            self._cache.clear()
+            self._programs.clear()
+
     # -- calling ----------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        # The hot path: positional arguments only, a layout seen before, a
+        # cached specialization. A bare jax.Array constant costs an id().
+        if not kwargs:
+            layout = self._layouts.get(len(args))
+            if layout is not None:
+                try:
+                    key = tuple([
+                        (id(a) if type(a) is _ArrayImpl else constant_key(i, a)) if c
+                        else (a.aval if type(a) is _ArrayImpl else dynamic_key(a))
+                        for i, (c, a) in enumerate(zip(layout.is_const, args))
+                    ])
+                except TracedConstant as e:
+                    return self._fallback(e, args, kwargs)
+                spec = self._cache.get(key)
+                if spec is not None:
+                    self._cache.hits += 1
+                    return spec.program.run(spec.consts, *[args[i] for i in layout.dyn])
         try:
             spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         except TracedConstant as e:
-            return self._fallback(str(e), args, kwargs)
-        return spec(dyn_args, dyn_kwargs)
+            return self._fallback(e, args, kwargs)
+        return spec.program.run(spec.consts, *dyn_args, **dyn_kwargs)
 
-    def _fallback(self, what: str, args, kwargs):
-        if not self._warned:
-            self._warned = True
+    def _fallback(self, e: TracedConstant, args, kwargs):
+        what = _describe(e.args[0])
+        with self._lock:
+            warn, self._warned = not self._warned, True
+        if warn:
             warnings.warn(
-                f"pejit({self.__name__}): {what} is a tracer of an outer "
+                f"pejit({self._name}): {what} is a tracer of an outer "
                 "transformation (jit/grad/vmap over a constant argument), so it "
                 "was treated as dynamic and nothing was folded",
                 FoldingSkippedWarning,
@@ -134,64 +250,165 @@ class Pejitted:
             )
         return self._fun(*args, **kwargs)
 
-    def _split(self, args: tuple, kwargs: dict):
-        fixed = self._fixed_positions(len(args))
-        const_pos = tuple((i, args[i]) for i in sorted(fixed) if i < len(args))
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in fixed)
-        const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._fixed_names))
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._fixed_names}
-        return const_pos, const_kw, dyn_args, dyn_kwargs
+    def _layout(self, n: int) -> _Layout:
+        layout = self._layouts.get(n)
+        if layout is None:
+            if self._nargs is not None and n > self._nargs:
+                raise TypeError(f"{self._name}() takes {self._nargs} positional arguments but {n} were given")
+            fixed = self._fixed_positions(n)
+            is_const = tuple(i in fixed for i in range(n))
+            layout = _Layout(
+                is_const,
+                tuple(i for i in range(n) if is_const[i]),
+                tuple(i for i in range(n) if not is_const[i]),
+            )
+            self._layouts[n] = layout
+        return layout
 
     def _fixed_positions(self, n: int) -> frozenset[int]:
         if self._nargs is None and any(i < 0 for i in self._fixed_nums):
             return frozenset(i % n for i in self._fixed_nums if -n <= i < n)
         return self._fixed_nums
 
-    def _specialization(self, args, kwargs, *, abstract_ok: bool = False):
-        if self._nargs is not None and len(args) > self._nargs:
-            raise TypeError(f"{self.__name__}() takes {self._nargs} positional arguments but {len(args)} were given")
-        const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs)
-        key_consts = (
-            tuple((i, constant_key(f"argument {i}", v)) for i, v in const_pos),
-            tuple((k, constant_key(f"argument {k!r}", v)) for k, v in const_kw),
-        )
-        leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
-        avals = tuple(_dynamic_aval(leaf, abstract_ok) for leaf in leaves)
-        key = (key_consts, len(args), in_tree, avals)
-        spec = self._cache.get(key)
+    def _key(self, args: tuple, kwargs: dict, layout: _Layout) -> tuple:
+        """The cache key of a call; the hot path in ``__call__`` computes the same."""
+        key = [
+            constant_key(i, a) if c else dynamic_key(a)
+            for i, (c, a) in enumerate(zip(layout.is_const, args))
+        ]
+        if kwargs:
+            fixed = self._fixed_names
+            key.append((_KW, tuple(sorted(
+                (k, constant_key(k, v) if k in fixed else dynamic_key(v)) for k, v in kwargs.items()
+            ))))
+        return tuple(key)
+
+    def _split(self, args: tuple, kwargs: dict, layout: _Layout):
+        const_pos = tuple((i, args[i]) for i in layout.const)
+        const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._fixed_names))
+        dyn_args = tuple(args[i] for i in layout.dyn)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._fixed_names}
+        return const_pos, const_kw, dyn_args, dyn_kwargs
+
+    def _specialization(self, args: tuple, kwargs: dict):
+        layout = self._layout(len(args))
+        key = self._key(args, kwargs, layout)
+        const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
+        cache = self._cache
+        spec = cache.get(key)
         if spec is None:
-            with self._lock:
-                spec = self._cache.get(key)
+            with self._lock:  # one trace and one fold per key, however many threads ask
+                spec = cache.get(key)
                 if spec is None:
-                    spec = self._specialize(len(args), const_pos, const_kw, in_tree, avals)
-                    self._cache[key] = spec
+                    cache.misses += 1
+                    with _compat.at_top_level():
+                        spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
+                    const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
+                    cache.put(key, spec, watch=watched(const_leaves))
+                    return spec, dyn_args, dyn_kwargs
+        cache.hits += 1
         return spec, dyn_args, dyn_kwargs
 
-    def _specialize(self, nargs, const_pos, const_kw, in_tree, avals) -> Specialization:
-        out_trees = []
+    def _specialize(self, nargs, const_pos, const_kw, dyn_args, dyn_kwargs) -> Specialization:
+        """Fold for these constants: with a shared program if values don't matter."""
+        dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
+        avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
+        const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
+        where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+        skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
+        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
+        program = self._programs.get(skey)
+        if program is None:
+            start = time.perf_counter()
+            program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
+            self._programs.put(skey, program)
+            if program is not _VALUE_DEPENDENT:
+                return Specialization(program, consts, time.perf_counter() - start)
+        if program is _VALUE_DEPENDENT:
+            return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals)
+        start = time.perf_counter()
+        consts = program.fold(*arrays)
+        return Specialization(program, consts, time.perf_counter() - start)
+
+    def _flat_fun(self, where, const_vals, in_tree, out_trees: list) -> Callable:
+        """The user's function of the flat dynamic leaves, constants bound."""
+        const_pos = tuple(zip(where[0], const_vals[0]))
+        const_kw = dict(zip(where[1], const_vals[1]))
+        fun = self._fun
 
         def flat_fun(*leaves):
             dyn_args, dyn_kwargs = _tree_unflatten(in_tree, leaves)
-            args = _merge(const_pos, dyn_args)
-            out = self._fun(*args, **dict(const_kw), **dyn_kwargs)
+            out = fun(*_merge(const_pos, dyn_args), **const_kw, **dyn_kwargs)
             out_leaves, out_tree = _tree_flatten(out)
             out_trees.append(out_tree)
             return out_leaves
 
-        residual = fold(flat_fun, avals, self._options, name=getattr(self._fun, "__name__", "pejit"))
-        run = _runner(residual, out_trees[-1])
+        return flat_fun
+
+    def _trace_program(self, nargs, where, const_leaves, const_tree, in_tree, avals):
+        """Trace once with the constant arrays abstract, and compile the folding program.
+
+        If the trace needs a constant's value (Python control flow, shapes,
+        a ``cond`` with a known index, ...) it fails, and the structure is
+        marked value-dependent: each new value is traced again, concretely.
+        A folding program that cannot be compiled (a primitive with only an
+        ``impl``) is treated the same way.
+        """
+        # Close over the static leaves only: array leaves must not be kept alive.
+        statics = [None if is_array(leaf) else leaf for leaf in const_leaves]
+        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
+        traced: dict[str, Any] = {}
+        out_trees: list = []
+
+        def folding_program(*array_leaves):
+            it = iter(array_leaves)
+            leaves = [next(it) if s is None and is_arr else s for s, is_arr in zip(statics, is_arrays)]
+            flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
+            residual = fold(flat_fun, avals, self._options, name=self._name)
+            traced["jaxpr"] = residual.jaxpr.jaxpr
+            traced["report"] = dataclasses.replace(residual.report, after=None)
+            return self._place(residual.consts, jax.lax.with_sharding_constraint)
+
+        is_arrays = [is_array(leaf) for leaf in const_leaves]
+        try:
+            compiled = jax.jit(folding_program).trace(*arrays).lower().compile()
+            consts = compiled(*arrays)
+        except Exception:  # value-dependent trace, or no lowering for a folded primitive
+            return _VALUE_DEPENDENT, None
+        run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
+        return _Program(traced["jaxpr"], out_trees[-1], traced["report"], run, compiled), consts
+
+    def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals) -> Specialization:
+        out_trees: list = []
+        where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+        vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+        residual = fold(self._flat_fun(where, vals, in_tree, out_trees), avals, self._options, name=self._name)
+        consts = self._place(residual.consts, jax.device_put)
+        run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
+        program = _Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+        return Specialization(program, consts, residual.report.fold_seconds, residual)
+
+    def _place(self, consts: list, put: Callable) -> list:
+        """Apply ``constant_shardings`` to the folded constants."""
+        where = self._constant_shardings
+        if where is None:
+            return consts
+        out = []
+        for c in consts:
+            s = where if isinstance(where, jax.sharding.Sharding) else where(jax.ShapeDtypeStruct(c.shape, c.dtype))
+            out.append(c if s is None else put(c, s))
+        return out
+
+    def _make_runner(self, jaxpr, out_tree, nargs: int) -> Callable:
+        run = _runner(jaxpr, out_tree)
         if self._jit:
             run = jax.jit(run, **self._jit_kwargs_for(nargs))
-        keepalive = references([v for _, v in const_pos] + [v for _, v in const_kw])
-        return Specialization(residual, in_tree, out_trees[-1], run, keepalive)
+        return run
 
     def _jit_kwargs_for(self, nargs: int) -> dict:
         """``jax.jit`` keywords for the runner ``run(consts, *dyn_args, **dyn_kwargs)``."""
-        fixed = self._fixed_positions(nargs)
-        dyn_index = {}
-        for i in range(nargs):
-            if i not in fixed:
-                dyn_index[i] = len(dyn_index) + 1  # 0 is the folded constants
+        layout = self._layout(nargs)
+        dyn_index = {i: j + 1 for j, i in enumerate(layout.dyn)}  # 0 is the folded constants
         kwargs = dict(self._jit_kwargs)
         donate = [dyn_index[i % nargs] for i in self._donate_nums if -nargs <= i < nargs]
         if donate:
@@ -202,34 +419,38 @@ class Pejitted:
         if isinstance(in_shardings, (tuple, list)):
             if len(in_shardings) != nargs:
                 raise ValueError(
-                    f"in_shardings has {len(in_shardings)} entries but {self.__name__} "
+                    f"in_shardings has {len(in_shardings)} entries but {self._name} "
                     f"was called with {nargs} positional arguments"
                 )
-            kwargs["in_shardings"] = (None, *(s for i, s in enumerate(in_shardings) if i not in fixed))
+            kwargs["in_shardings"] = (None, *(in_shardings[i] for i in layout.dyn))
+        elif isinstance(in_shardings, jax.sharding.Sharding):
+            # One sharding for every argument the user passes; the folded
+            # constants keep the placement folding gave them.
+            kwargs["in_shardings"] = (None, *(in_shardings for _ in layout.dyn))
         return kwargs
 
     # -- jax.jit's staged API --------------------------------------------
     def lower(self, *args, **kwargs) -> Lowered:
         """Lower the residual program for these arguments, as ``jax.jit`` does."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs, abstract_ok=True)
+        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("lower")
         return Lowered(spec.run.lower(spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
 
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs, abstract_ok=True)
+        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("trace")
         return spec.run.trace(spec.consts, *dyn_args, **dyn_kwargs)
 
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
-        spec, _, _ = self._specialization(args, kwargs, abstract_ok=True)
-        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.residual.jaxpr.jaxpr.outvars]
+        spec, _, _ = self._specialization(args, kwargs)
+        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     def specialize(self, *args, **kwargs) -> Specialization:
         """The specialization these arguments select (folding if needed)."""
-        return self._specialization(args, kwargs, abstract_ok=True)[0]
+        return self._specialization(args, kwargs)[0]
 
     def report(self, *args, **kwargs):
         """The :class:`~pejit.FoldReport` of the specialization for these arguments."""
@@ -241,12 +462,13 @@ class Pejitted:
 
     def _checker(self, args, kwargs) -> Callable:
         """Split a call of a compiled object, checking its constants."""
-        const_pos, const_kw, _, _ = self._split(args, kwargs)
-        expected = [constant_key("", v) for _, v in const_pos] + [constant_key("", v) for _, v in const_kw]
+        layout = self._layout(len(args))
+        const_pos, const_kw, _, _ = self._split(args, kwargs, layout)
+        expected = [constant_key(i, v) for i, v in const_pos] + [constant_key(k, v) for k, v in const_kw]
 
         def split(call_args, call_kwargs):
-            c_pos, c_kw, dyn_args, dyn_kwargs = self._split(call_args, call_kwargs)
-            got = [constant_key("", v) for _, v in c_pos] + [constant_key("", v) for _, v in c_kw]
+            c_pos, c_kw, dyn_args, dyn_kwargs = self._split(call_args, call_kwargs, self._layout(len(call_args)))
+            got = [constant_key(i, v) for i, v in c_pos] + [constant_key(k, v) for k, v in c_kw]
             if got != expected:
                 raise ValueError(
                     "this compiled function was specialized for other constant "
@@ -262,7 +484,11 @@ class Pejitted:
         return functools.partial(self, obj)
 
     def __repr__(self) -> str:
-        return f"<{'pejit' if self._jit else 'pe'} function {self.__name__}>"
+        return f"<{'pejit' if self._jit else 'pe'} function {self._name}>"
+
+
+def _describe(what: int | str) -> str:
+    return f"argument {what}" if isinstance(what, int) else f"argument {what!r}"
 
 
 class BoundPejitted:
@@ -352,9 +578,13 @@ class Compiled:
         return getattr(self._compiled, name)
 
 
-def _runner(residual: Residual, out_tree) -> Callable:
-    """``run(consts, *dyn_args, **dyn_kwargs)`` evaluating the residual jaxpr."""
-    fun = jaxpr_as_fun(ClosedJaxpr(residual.open_jaxpr(), ()))
+def _runner(jaxpr, out_tree) -> Callable:
+    """``run(consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
+
+    ``jaxpr``'s constvars (the folded constants) become leading arguments, so
+    they reach XLA as buffers, not as HLO literals.
+    """
+    fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
 
     def run(consts, *dyn_args, **dyn_kwargs):
         outs = fun(*consts, *_tree_leaves((dyn_args, dyn_kwargs)))
@@ -369,19 +599,6 @@ def _merge(const_pos: tuple, dyn_args: Sequence) -> list:
     for i, v in const_pos:
         out.insert(i, v)
     return out
-
-
-def _dynamic_aval(leaf, abstract_ok: bool):
-    if abstract_ok and isinstance(leaf, jax.ShapeDtypeStruct):
-        return jax.core.ShapedArray(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
-    try:
-        return jax.typeof(leaf)
-    except TypeError:
-        raise TypeError(
-            f"pejit: a dynamic argument has a leaf of type {type(leaf).__name__}, "
-            "which is not a JAX array type; mark the argument constant (or static) "
-            "to pass non-array values"
-        ) from None
 
 
 def _positional_only(fun: Callable, n: int) -> Callable:
