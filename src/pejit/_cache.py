@@ -38,8 +38,9 @@ class CacheInfo(NamedTuple):
 class SpecializationCache:
     """An LRU mapping whose entries die with the objects they watch.
 
-    ``get`` is lock-free (the hot path); ``put``, eviction and ``clear`` take
-    the lock. ``maxsize=None`` means unbounded.
+    ``get`` is lock-free; ``put``, eviction and ``clear`` take the lock.
+    ``maxsize=None`` means unbounded. The hot path of ``Pejitted.__call__``
+    inlines ``get``: it reads ``entries`` and ``dead`` directly.
     """
 
     def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE):
@@ -48,18 +49,18 @@ class SpecializationCache:
         self.maxsize = maxsize
         self.hits = 0
         self.misses = 0
-        self._entries: OrderedDict[Any, Any] = OrderedDict()
+        self.entries: OrderedDict[Any, Any] = OrderedDict()
         self._watchers: dict[Any, list[weakref.ref]] = {}
-        self._dead: list[Any] = []
+        self.dead: list[Any] = []
         self._lock = threading.RLock()
 
     def get(self, key: Any) -> Any:
         """The entry for ``key`` (now the most recently used), or None."""
-        if self._dead:
-            self._purge()
+        if self.dead:
+            self.purge()
         try:
-            self._entries.move_to_end(key)
-            return self._entries[key]
+            self.entries.move_to_end(key)
+            return self.entries[key]
         except KeyError:
             return None
 
@@ -67,44 +68,44 @@ class SpecializationCache:
         """Store ``value``; drop it when any object in ``watch`` dies."""
         if self.maxsize == 0:
             return
-        dead = self._dead
+        dead = self.dead
 
         def forget(_ref, key=key):
             dead.append(key)
 
         with self._lock:
-            self._entries[key] = value
-            self._entries.move_to_end(key)
+            self.entries[key] = value
+            self.entries.move_to_end(key)
             self._watchers[key] = [weakref.ref(obj, forget) for obj in watch]
-            while self.maxsize is not None and len(self._entries) > self.maxsize:
-                old, _ = self._entries.popitem(last=False)
+            while self.maxsize is not None and len(self.entries) > self.maxsize:
+                old, _ = self.entries.popitem(last=False)
                 self._watchers.pop(old, None)
 
-    def _purge(self) -> None:
+    def purge(self) -> None:
         with self._lock:
-            while self._dead:
-                key = self._dead.pop()
+            while self.dead:
+                key = self.dead.pop()
                 refs = self._watchers.get(key)
                 # The key may have been re-used by a live entry since; only
                 # evict an entry one of whose watched objects is really gone.
                 if refs is not None and any(r() is None for r in refs):
                     del self._watchers[key]
-                    self._entries.pop(key, None)
+                    self.entries.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
+            self.entries.clear()
             self._watchers.clear()
-            self._dead.clear()
+            self.dead.clear()
             self.hits = self.misses = 0
 
     def info(self) -> CacheInfo:
-        if self._dead:
-            self._purge()
-        return CacheInfo(self.hits, self.misses, self.maxsize, len(self._entries))
+        if self.dead:
+            self.purge()
+        return CacheInfo(self.hits, self.misses, self.maxsize, len(self.entries))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def values(self) -> list[Any]:
-        return list(self._entries.values())
+        return list(self.entries.values())

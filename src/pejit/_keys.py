@@ -47,11 +47,15 @@ def constant_key(what: int | str, value: Any) -> Any:
     """
     if type(value) is _compat.ArrayImpl:
         return id(value)
+    if type(value) is np.ndarray:
+        return _leaf_key(what, value)
     leaves, treedef = _flatten(value)
     return (treedef, tuple([_leaf_key(what, leaf) for leaf in leaves]))
 
 
 def _leaf_key(what: int | str, leaf: Any) -> Any:
+    if type(leaf) is _compat.ArrayImpl:
+        return id(leaf)
     if isinstance(leaf, _compat.Tracer):
         raise TracedConstant(what)
     if isinstance(leaf, jax.Array):
