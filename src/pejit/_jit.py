@@ -45,20 +45,50 @@ class FoldingSkippedWarning(PejitWarning):
 class _Program:
     """What specializations of one structure share: residual program, executables.
 
-    ``fold`` is the compiled folding program (constant array leaves in,
-    folded constants out) when tracing did not depend on constant values;
-    then a new constant value costs one run of it. It is None for a
-    value-dependent specialization, which owns its program alone.
+    ``fold`` is the folding program (constant array leaves in, folded
+    constants out) when tracing did not depend on constant values; then a
+    new constant value costs one run of it. It is None for a value-dependent
+    specialization, which owns its program alone.
     """
 
     __slots__ = ("jaxpr", "out_tree", "report", "run", "fold")
 
-    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: Callable | None):
+    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: _FoldingProgram | None):
         self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
         self.out_tree = out_tree
         self.report = report
         self.run = run  # run(consts, *dyn_args, **dyn_kwargs)
         self.fold = fold
+
+
+class _FoldingProgram:
+    """Constant arrays in, folded constants out: a value-independent fold.
+
+    The first value is folded by evaluating the program's jaxpr equation by
+    equation, as folding while tracing would (no compilation, so a first
+    call costs what eager folding costs). A second value means values do
+    change: the program is then compiled once, and each new value costs one
+    run of it. One that cannot be compiled (a primitive with only an
+    ``impl``) keeps being evaluated equation by equation.
+    """
+
+    def __init__(self, traced: jax.stages.Traced):
+        self.traced = traced
+        self.compiled: Callable | None = None
+        self._compilable = True
+
+    def evaluate(self, *arrays) -> list:
+        return jaxpr_as_fun(self.traced.jaxpr)(*arrays)
+
+    def __call__(self, *arrays) -> list:
+        if self.compiled is None and self._compilable:
+            try:
+                self.compiled = self.traced.lower().compile()
+            except Exception:  # no lowering for some folded primitive
+                self._compilable = False
+        if self.compiled is None:
+            return self.evaluate(*arrays)
+        return self.compiled(*arrays)
 
 
 #: Marks a structure whose trace depends on constant values (or whose folding
@@ -370,13 +400,11 @@ class Pejitted:
         return flat_fun
 
     def _trace_program(self, nargs, where, const_leaves, const_tree, in_tree, avals):
-        """Trace once with the constant arrays abstract, and compile the folding program.
+        """Trace once with the constant arrays abstract: the folding program.
 
         If the trace needs a constant's value (Python control flow, shapes,
         a ``cond`` with a known index, ...) it fails, and the structure is
         marked value-dependent: each new value is traced again, concretely.
-        A folding program that cannot be compiled (a primitive with only an
-        ``impl``) is treated the same way.
         """
         # Close over the static leaves only: array leaves must not be kept alive.
         statics = [None if is_array(leaf) else leaf for leaf in const_leaves]
@@ -395,12 +423,12 @@ class Pejitted:
 
         is_arrays = [is_array(leaf) for leaf in const_leaves]
         try:
-            compiled = jax.jit(folding_program).trace(*arrays).lower().compile()
-            consts = compiled(*arrays)
-        except Exception:  # value-dependent trace, or no lowering for a folded primitive
+            program = _FoldingProgram(jax.jit(folding_program).trace(*arrays))
+        except Exception:  # the trace needed a constant's value
             return _VALUE_DEPENDENT, None
+        consts = program.evaluate(*arrays)
         run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
-        return _Program(traced["jaxpr"], out_trees[-1], traced["report"], run, compiled), consts
+        return _Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
 
     def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals) -> Specialization:
         out_trees: list = []
@@ -664,6 +692,8 @@ def pejit(
     constant_argnums: int | Sequence[int] | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
+    cache_size: int | None = DEFAULT_CACHE_SIZE,
+    constant_shardings: Any = None,
     **jit_kwargs: Any,
 ):
     """Partially evaluate, then ``jax.jit``, a function with constant arguments.
@@ -682,7 +712,11 @@ def pejit(
       TFC form; folds now, returns a function of the remaining arguments.
 
     Any keyword of ``jax.jit`` is accepted; argument numbers in it refer to
-    the signature you call.
+    the signature you call. ``cache_size`` bounds the specializations kept
+    (an LRU; ``None``: unbounded); ``constant_shardings`` places the folded
+    constants: a ``jax.sharding.Sharding`` for all of them, or a callable
+    from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
+    keeps the placement folding gave it). See ``docs/caching.md``.
 
     Example:
       >>> import jax.numpy as jnp
@@ -695,6 +729,7 @@ def pejit(
       >>> g(jnp.ones(2))
       Array([0.5 , 0.25], dtype=float32)
     """
+    jit_kwargs = dict(jit_kwargs, cache_size=cache_size, constant_shardings=constant_shardings)
     return _front("pejit", True, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs)
 
 
@@ -704,6 +739,7 @@ def pe(
     constant_argnums: int | Sequence[int] | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
+    cache_size: int | None = DEFAULT_CACHE_SIZE,
 ):
     """Partially evaluate a function with constant arguments, without jitting.
 
@@ -717,7 +753,10 @@ def pe(
       >>> [e.primitive.name for e in jax.make_jaxpr(f)(jnp.ones(3)).eqns]
       ['mul']
     """
-    return _front("pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, {})
+    return _front(
+        "pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options,
+        {"cache_size": cache_size},
+    )
 
 
 def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs):
