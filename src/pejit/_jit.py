@@ -91,8 +91,8 @@ class _FoldingProgram:
         return self.compiled(*arrays)
 
 
-#: Marks a structure whose trace depends on constant values (or whose folding
-#: program cannot be compiled): each value is folded by tracing again.
+#: Marks a structure whose trace depends on constant values: each value is
+#: folded by tracing the function again, with concrete constants.
 _VALUE_DEPENDENT = object()
 
 
@@ -158,8 +158,6 @@ def _straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
 
 class _KW:
     """Tags the keyword part of a cache key."""
-
-
 
 
 class Pejitted:
