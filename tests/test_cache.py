@@ -211,3 +211,22 @@ def test_outer_transformation_of_dynamic_arguments_still_folds():
     np.testing.assert_allclose(jitted, affine(a, xs[1]), rtol=1e-5)
     assert counted.calls == 1  # one specialization, folded once, shared by all three
     assert f.report(a, xs[0]).folded_eqns > 0
+
+
+def test_numpy_constants_reuse_the_program_too():
+    counted = Counter(affine)
+    f = pj(counted, constant_argnums=0)
+    x = jnp.arange(4.0)
+    for seed in range(3):
+        a = np.array(spd(seed))
+        np.testing.assert_allclose(f(a, x), affine(jnp.asarray(a), x), rtol=1e-4)
+    assert counted.calls == 1
+
+
+def test_options_are_validated_and_reach_pe():
+    with pytest.raises(TypeError, match="constant_shardings"):
+        pj(affine, constant_argnums=0, constant_shardings="rows")
+    f = pejit.pe(affine, constant_argnums=0, cache_size=1)
+    a, b, x = spd(0), spd(1), jnp.ones(4)
+    f(a, x), f(b, x)
+    assert f.cache_info().maxsize == 1 and f.cache_info().currsize == 1
