@@ -60,28 +60,34 @@ class FoldOptions:
     """Switches for pejit's passes, each on by default.
 
     Turn one off to debug a suspected miscompilation: the result must not
-    change, only how much is folded.
+    change, only how much is folded. The passes are described together in
+    :mod:`pejit._rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
-        branch.
-      calls: nested ``jax.jit`` calls with some known inputs are specialized
-        through (inlined), so the known work inside them folds.
+        branch; with an unknown index, known work in branches is hoisted.
+      calls: nested ``jax.jit`` calls with some known inputs (or closed-over
+        constants) are specialized through (inlined), so the known work
+        inside them folds; ``jax.checkpoint`` bodies are folded in place.
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
-        hoisted out and folded.
+        hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual
         program instead of becoming large constants.
+      literals: folded scalars become literals of the residual jaxpr rather
+        than inputs.
       expansion_ratio: an expansion is kept lazy when its output is more than
         this many times larger than its known inputs ...
       expansion_min_bytes: ... and larger than this many bytes.
-      loop_residual_bytes: budget for per-iteration known loop work hoisted
-        out as stacked residuals.
+      loop_residual_bytes: per loop, the most bytes of per-iteration known
+        work (``length x size``) folded into stacked constants; a loop that
+        would need more keeps that work in its body.
     """
 
     branches: bool = True
     calls: bool = True
     loops: bool = True
     rematerialize: bool = True
+    literals: bool = True
     expansion_ratio: float = 2.0
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
@@ -169,6 +175,12 @@ class Folder:
         # staged Var -> _Recipe: how to materialize a lazy value
         self._recipes: dict[Any, _Recipe] = {}
         self._materialized: dict[Any, Any] = {}
+
+    def child(self) -> Folder:
+        """A folder for a nested trace (a loop body): same options, same stats."""
+        child = Folder(self.options)
+        child.stats = self.stats
+        return child
 
     # -- the policy -------------------------------------------------------
     def __call__(self, trace, prim, args, params):
