@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
+from jax.extend.core import primitives as P
 
 from . import _argnums, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
@@ -91,8 +92,9 @@ class _FoldingProgram:
         return self.compiled(*arrays)
 
 
-#: Marks a structure whose trace depends on constant values: each value is
-#: folded by tracing the function again, with concrete constants.
+#: Marks a structure whose trace depends on constant values, or whose residual
+#: keeps control flow (see ``_trace_program``): each value is folded by
+#: tracing the function again, with concrete constants.
 _VALUE_DEPENDENT = object()
 
 
@@ -154,6 +156,10 @@ def _straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
     """
     body = "".join(f"{e}, " for e in elements)
     return eval(f"lambda args: ({body})")  # noqa: S307
+
+
+class _Abandoned(Exception):
+    """An abstract trace that cannot succeed; the constants will be concrete."""
 
 
 class _KW:
@@ -414,7 +420,17 @@ class Pejitted:
             it = iter(array_leaves)
             leaves = [next(it) if s is None and is_arr else s for s, is_arr in zip(statics, is_arrays)]
             flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
-            residual = fold(flat_fun, avals, self._options, name=self._name)
+            tries = []
+
+            def once(*dyn_leaves):
+                # ``fold`` retries a trace that needed a concrete value with
+                # JAX's eager folding in loop bodies: no help for abstract constants.
+                if tries:
+                    raise _Abandoned
+                tries.append(True)
+                return flat_fun(*dyn_leaves)
+
+            residual = fold(once, avals, self._options, name=self._name)
             traced["jaxpr"] = residual.jaxpr.jaxpr
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
@@ -423,6 +439,11 @@ class Pejitted:
         try:
             program = _FoldingProgram(jax.jit(folding_program).trace(*arrays))
         except Exception:  # the trace needed a constant's value
+            return _VALUE_DEPENDENT, None
+        if _has_control_flow(traced["jaxpr"]):
+            # Loops, branches and checkpoints left in the residual are where
+            # pejit's passes hoist known work, by evaluating it concretely:
+            # with abstract constants they would hoist less. Fold each value.
             return _VALUE_DEPENDENT, None
         consts = program.evaluate(*arrays)
         run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
@@ -535,6 +556,20 @@ class Pejitted:
 
     def __repr__(self) -> str:
         return f"<{'pejit' if self._jit else 'pe'} function {self._name}>"
+
+
+def _has_control_flow(jaxpr) -> bool:
+    """Whether ``jaxpr`` has an equation with a sub-jaxpr other than a plain call."""
+    for eqn in jaxpr.eqns:
+        subs = [
+            sub for v in eqn.params.values() for sub in (v if isinstance(v, (tuple, list)) else (v,))
+            if isinstance(sub, (Jaxpr, ClosedJaxpr))
+        ]
+        if subs and eqn.primitive is not P.jit_p:
+            return True
+        if any(_has_control_flow(getattr(sub, "jaxpr", sub)) for sub in subs):
+            return True
+    return False
 
 
 def _describe(what: int | str) -> str:
