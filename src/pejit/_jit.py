@@ -410,15 +410,16 @@ class Pejitted:
         a ``cond`` with a known index, ...) it fails, and the structure is
         marked value-dependent: each new value is traced again, concretely.
         """
+        is_arrays = [is_array(leaf) for leaf in const_leaves]
+        arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
         # Close over the static leaves only: array leaves must not be kept alive.
-        statics = [None if is_array(leaf) else leaf for leaf in const_leaves]
-        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
+        statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
         traced: dict[str, Any] = {}
         out_trees: list = []
 
         def folding_program(*array_leaves):
             it = iter(array_leaves)
-            leaves = [next(it) if s is None and is_arr else s for s, is_arr in zip(statics, is_arrays)]
+            leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
             flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
             tries = []
 
@@ -435,7 +436,6 @@ class Pejitted:
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
 
-        is_arrays = [is_array(leaf) for leaf in const_leaves]
         try:
             program = _FoldingProgram(jax.jit(folding_program).trace(*arrays))
         except Exception:  # the trace needed a constant's value
@@ -454,10 +454,11 @@ class Pejitted:
         where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
         vals = ([v for _, v in const_pos], [v for _, v in const_kw])
         residual = fold(self._flat_fun(where, vals, in_tree, out_trees), avals, self._options, name=self._name)
-        consts = self._place(residual.consts, jax.device_put)
+        folded = residual.consts
+        consts = self._place(folded, jax.device_put)
         run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
         program = _Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
-        return Specialization(program, consts, residual.report.fold_seconds, residual)
+        return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
     def _place(self, consts: list, put: Callable) -> list:
         """Apply ``constant_shardings`` to the folded constants."""
