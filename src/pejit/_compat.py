@@ -29,6 +29,8 @@ here. What we use, and why no public API does the job:
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
   that ``DynamicJaxprTrace`` requires.
+* ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
+  compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from jax._src import api_util
+from jax._src import array as _array
 from jax._src import config as _config
 from jax._src import core
 from jax._src import dtypes
@@ -46,6 +49,7 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as _pe
 
+ArrayImpl = _array.ArrayImpl
 Tracer = core.Tracer
 Literal = core.Literal
 Var = core.Var
@@ -88,9 +92,20 @@ def eager_constant_folding(enabled: bool):
 
 
 def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-    """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
+    """Bind ``prim`` on known ``args``: eagerly, or on the trace they come from.
+
+    Known values are concrete, except when pejit builds a value-independent
+    folding program: then the constants are tracers of that program's (outer)
+    ``jax.jit`` trace, and folding an equation stages it there.
+    """
     avals = tuple(core.typeof(x) for x in args)
-    return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
+    outer = next((x._trace for x in args if isinstance(x, core.Tracer)), core.eval_trace)
+    return prim.bind_with_trace(outer, tuple(args), avals, params)
+
+
+def at_top_level():
+    """Context manager: no transformation is active (for folding, compiling)."""
+    return core.set_current_trace(core.eval_trace)
 
 
 def primitive_effects(prim, avals: Sequence[Any], params: dict):

@@ -19,7 +19,8 @@ from jax.extend.core import ClosedJaxpr
 
 from . import _compat
 from ._folding import Folder, FoldOptions
-from ._jit import BoundPejitted, Pejitted, _dynamic_aval, _merge
+from ._jit import BoundPejitted, Pejitted, _merge
+from ._keys import dynamic_aval
 from ._report import FoldReport
 
 
@@ -101,9 +102,9 @@ def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> No
 
 def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
     """The unfolded program on the dynamic arguments, constants as ``consts``."""
-    const_pos, const_kw, dyn_args, dyn_kwargs = pj._split(args, kwargs)
+    const_pos, const_kw, dyn_args, dyn_kwargs = pj._split(args, kwargs, pj._layout(len(args)))
     leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-    avals = [_dynamic_aval(leaf, True) for leaf in leaves]
+    avals = [dynamic_aval(leaf) for leaf in leaves]
 
     def flat_fun(*leaves):
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)

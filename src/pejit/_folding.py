@@ -218,8 +218,14 @@ class Folder:
 
     # -- known values -----------------------------------------------------
     def is_known(self, x) -> bool:
-        """Whether ``x`` is concrete or a lazy (materializable) value."""
-        return not isinstance(x, _compat.Tracer) or self.is_lazy(x)
+        """Whether ``x`` is known: not a value this folder stages, or lazy.
+
+        Tracers of an *outer* trace count as known: they are the abstract
+        constants of a folding program being compiled (see ``_jit``), and
+        folding an equation on them stages it into that program.
+        """
+        staged = isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
+        return not staged or self.is_lazy(x)
 
     def is_lazy(self, x) -> bool:
         return isinstance(x, _compat.Tracer) and getattr(x, "val", None) in self._recipes

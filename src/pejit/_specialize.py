@@ -159,7 +159,9 @@ def _inline_scalars(jaxpr, consts):
     literals = {}
     for var, c in zip(jaxpr.constvars, consts):
         scalar = np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended)
-        if scalar and var not in outputs:
+        # A tracer is a folded value of a folding program being built (see
+        # ``_jit``): its value differs per specialization, so it stays an input.
+        if scalar and var not in outputs and not isinstance(c, _compat.Tracer):
             literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
     if not literals:
         return jaxpr, consts
