@@ -391,3 +391,10 @@ def test_methods():
 
     m = Model(jnp.eye(2) * 4)
     np.testing.assert_allclose(m.apply(jnp.ones(2)), [0.25, 0.25])
+
+
+@pytest.mark.parametrize("wrap", [pe, pejit])
+def test_folded_scalar_output_is_an_array(wrap):
+    out, y = wrap(lambda c, x: (c * 2, x), constant_argnums=0)(3.0, jnp.ones(2))
+    assert isinstance(out, jax.Array) and out == 6.0
+    assert jax.typeof(out) == jax.typeof(jax.jit(lambda: 3.0 * 2)())

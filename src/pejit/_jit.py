@@ -713,9 +713,16 @@ def _runner(jaxpr, out_tree) -> Callable:
     they reach XLA as buffers, not as HLO literals.
     """
     fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
+    # An output that is a literal (a folded Python scalar) comes back from the
+    # interpreter as that scalar; jax.jit would return an array.
+    literal_outs = {
+        i: jax.device_put(v.val) for i, v in enumerate(jaxpr.outvars) if isinstance(v, _compat.Literal)
+    }
 
     def run(consts, *dyn_args, **dyn_kwargs):
         outs = fun(*consts, *_tree_leaves((dyn_args, dyn_kwargs)))
+        for i, value in literal_outs.items():
+            outs[i] = value
         return _tree_unflatten(out_tree, outs)
 
     return run
