@@ -22,10 +22,15 @@ here. What we use, and why no public API does the job:
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
   that ``DynamicJaxprTrace`` requires.
+* ``core.eval_trace``: evaluating known work (op by op, or by compiling it
+  with ``jax.jit``) from inside the folding trace.
+* ``mlir._lowerings``: whether a known sub-program can be compiled at all
+  (primitives with only an ``impl`` must run op by op).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +39,7 @@ from jax._src import config as _config
 from jax._src import core
 from jax._src import linear_util as lu
 from jax._src import source_info_util
+from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
 Tracer = core.Tracer
@@ -66,6 +72,24 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
 
 
+def evaluating():
+    """Context in which binds evaluate (or ``jax.jit`` compiles) for real.
+
+    Known work is materialized from inside the folding trace; this steps out
+    of it, and out of eager constant folding, which would otherwise turn the
+    tracing done by ``jax.jit`` into evaluation.
+    """
+    stack = contextlib.ExitStack()
+    stack.enter_context(core.set_current_trace(core.eval_trace))
+    stack.enter_context(_config.eager_constant_folding(False))
+    return stack
+
+
+def has_lowering(prim, platform: str) -> bool:
+    """Whether ``prim`` can be compiled for ``platform`` (else: ``impl`` only)."""
+    return prim in _mlir._lowerings or prim in _mlir._platform_specific_lowerings.get(platform, {})
+
+
 def primitive_effects(prim, avals: Sequence[Any], params: dict):
     """The effects ``prim`` would carry on inputs of these avals."""
     _, effects = prim.abstract_eval(*avals, **params)
@@ -91,6 +115,11 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     ``process_primitive`` hands every primitive application to ``policy``
     (``policy(trace, prim, args, params)``), which either returns outputs or
     returns ``NotImplemented`` to fall back to ordinary staging.
+    ``custom_jvp``/``custom_vjp`` calls do not go through
+    ``process_primitive``; when ``policy.inline_call(trace, args)`` says all
+    their inputs are known, their primal function is traced inline, so its
+    work folds (the custom derivative rule cannot matter: no tangent of a
+    dynamic argument flows through known values).
     """
 
     def __init__(self, debug_info, parent_trace, policy):
@@ -103,6 +132,20 @@ class StagingTrace(_pe.DynamicJaxprTrace):
             return self.stage(prim, tracers, params)
         return out
 
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
+        if self.policy.inline_call(self, tracers):
+            with core.set_current_trace(self):
+                return fun.call_wrapped(*tracers)
+        return super().process_custom_jvp_call(prim, fun, jvp, tracers, symbolic_zeros=symbolic_zeros)
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees, symbolic_zeros):
+        if self.policy.inline_call(self, tracers):
+            with core.set_current_trace(self):
+                return fun.call_wrapped(*tracers)
+        return super().process_custom_vjp_call(
+            prim, fun, fwd, bwd, tracers, out_trees=out_trees, symbolic_zeros=symbolic_zeros
+        )
+
     def var_to_tracer(self, var, source_info, parent=None):
         aval = var.aval
         if aval.has_qdd:
@@ -113,6 +156,18 @@ class StagingTrace(_pe.DynamicJaxprTrace):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
         with _config.eager_constant_folding(False):
             return super().process_primitive(prim, tracers, params)
+
+    def stage_equation(self, prim, tracers, params):
+        """Record exactly one ``prim`` equation with fresh output variables.
+
+        Unlike :meth:`stage`, custom staging rules (which inline some calls,
+        e.g. ``jit`` with ``inline=True``) are bypassed: the caller keys
+        bookkeeping on the outputs of this one equation.
+        """
+        with _config.eager_constant_folding(False):
+            source_info = source_info_util.current()
+            tracers = [self.to_jaxpr_tracer(t, source_info=source_info) for t in tracers]
+            return self.default_process_primitive(prim, tracers, params, source_info)
 
 
 def trace_staging(

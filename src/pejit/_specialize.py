@@ -55,6 +55,7 @@ def fold(
     folder = Folder(options)
     start = time.perf_counter()
     jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
+    jaxpr, consts = folder.finalize(jaxpr, consts)
     jaxpr, consts = _prune(jaxpr, consts)
     consts = [_to_device(c) for c in consts]
     for c in consts:  # folding is only done when its results are
