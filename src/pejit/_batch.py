@@ -45,7 +45,7 @@ from . import _compat
 DISPATCH_SECONDS = 40e-6
 #: Compiling a program: a fixed cost, and a cost per equation.
 COMPILE_SECONDS = 0.05
-COMPILE_SECONDS_PER_EQN = 2e-3
+COMPILE_SECONDS_PER_EQN = 4e-3
 #: Effective bandwidth of writing and re-reading an intermediate, by
 #: platform: host memory (allocation, first touch, cache misses) is slow;
 #: device memory is fast, so fusion saves little there.

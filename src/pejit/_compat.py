@@ -34,6 +34,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from jax._src import api_util
 from jax._src import config as _config
 from jax._src import core
@@ -107,6 +108,14 @@ class KnowableTracer(_pe.DynamicJaxprTracer):
 
     def to_concrete_value(self):
         return self._trace.policy.concrete_value(self)
+
+    def __array__(self, dtype=None, copy=None):
+        # NumPy conversion (``np.asarray``, boolean-mask indexing) asks
+        # here, not ``to_concrete_value``.
+        value = self.to_concrete_value()
+        if value is None:
+            return super().__array__(dtype, copy)
+        return np.asarray(value, dtype=dtype)
 
 
 class StagingTrace(_pe.DynamicJaxprTrace):

@@ -119,6 +119,7 @@ def _case4(r):
 
 def _case5(r):
     lines = ["## Case 5: compile time and peak memory vs folded size (`cos(A) @ x`)", "",
+             "Compile = lower + compile of the residual program; fold = from `pejit(...)` to the folded constants.", "",
              "| n | folded | pejit fold | pejit compile | pejit peak RSS increase | TFC fold | TFC compile | TFC peak RSS increase |",
              "|---|---|---|---|---|---|---|---|"]
     for n, row in r["sizes"].items():
