@@ -24,6 +24,8 @@ here. What we use, and why no public API does the job:
   that ``DynamicJaxprTrace`` requires.
 * ``core.eval_trace``: evaluating known work (op by op, or by compiling it
   with ``jax.jit``) from inside the folding trace.
+* ``dtypes.canonicalize_value``: staging a known Python scalar the way
+  ``Primitive.bind`` would.
 * ``mlir._lowerings``: whether a known sub-program can be compiled at all
   (primitives with only an ``impl`` must run op by op).
 """
@@ -38,6 +40,7 @@ import numpy as np
 from jax._src import api_util
 from jax._src import config as _config
 from jax._src import core
+from jax._src import dtypes as _dtypes
 from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import mlir as _mlir
@@ -164,7 +167,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     def stage(self, prim, tracers, params):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
         with _config.eager_constant_folding(False):
-            return super().process_primitive(prim, tracers, params)
+            return super().process_primitive(prim, _canonical(tracers), params)
 
     def stage_equation(self, prim, tracers, params):
         """Record exactly one ``prim`` equation with fresh output variables.
@@ -175,8 +178,14 @@ class StagingTrace(_pe.DynamicJaxprTrace):
         """
         with _config.eager_constant_folding(False):
             source_info = source_info_util.current()
-            tracers = [self.to_jaxpr_tracer(t, source_info=source_info) for t in tracers]
+            tracers = [self.to_jaxpr_tracer(t, source_info=source_info) for t in _canonical(tracers)]
             return self.default_process_primitive(prim, tracers, params, source_info)
+
+
+def _canonical(args):
+    """Values as ``Primitive.bind`` passes them on (a known value unwrapped
+    from a literal may be a Python scalar, which staging rejects)."""
+    return [x if isinstance(x, core.Tracer) else _dtypes.canonicalize_value(x) for x in args]
 
 
 def trace_staging(
