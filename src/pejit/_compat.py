@@ -15,9 +15,16 @@ here. What we use, and why no public API does the job:
 * ``partial_eval.convert_constvars_jaxpr`` and ``dce_jaxpr``: turning folded
   constants into explicit arguments (so they reach XLA as buffers, not HLO
   literals) and dropping dead equations.
+* ``partial_eval.partial_eval_jaxpr_nounits_fwd`` and
+  ``move_binders_to_back``: splitting a loop body into the part that depends
+  only on known carries/inputs and the rest, as JAX's own scan
+  partial-evaluation rule does (there is no public jaxpr-splitting API).
 * ``config.eager_constant_folding``: the context-local switch behind
-  ``jax.ensure_compile_time_eval``; we read and scope it, never set it
-  globally.
+  ``jax.ensure_compile_time_eval``; we scope it, never set it globally. It is
+  *off* while pejit traces: otherwise the ``DynamicJaxprTrace`` that JAX
+  opens for a loop body or branch would evaluate every operation on
+  closed-over constants itself, effects included, behind the policy's back.
+  Known work inside bodies is folded by the loop and branch fold rules.
 * ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
@@ -40,7 +47,7 @@ import numpy as np
 from jax._src import api_util
 from jax._src import config as _config
 from jax._src import core
-from jax._src import dtypes as _dtypes
+from jax._src import dtypes
 from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import mlir as _mlir
@@ -58,6 +65,22 @@ typeof = core.typeof
 convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 dce_jaxpr = _pe.dce_jaxpr
 convert_invars_to_constvars = _pe.convert_invars_to_constvars
+partial_eval_jaxpr_nounits_fwd = _pe.partial_eval_jaxpr_nounits_fwd
+move_binders_to_back = _pe.move_binders_to_back
+
+
+def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
+    """Drop dead equations (e.g. unused lazy expansions) and unused constants.
+
+    Effectful equations are kept; every input is kept, so the signature does
+    not change.
+    """
+    open_jaxpr = convert_constvars_jaxpr(jaxpr)
+    n = len(consts)
+    keep = [False] * n + [True] * len(jaxpr.invars)
+    dced, used = dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    consts = [c for c, u in zip(consts, used[:n]) if u]
+    return convert_invars_to_constvars(dced, len(consts)), consts
 
 
 def core_trace():
@@ -128,10 +151,8 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     (``policy(trace, prim, args, params)``), which either returns outputs or
     returns ``NotImplemented`` to fall back to ordinary staging.
     ``custom_jvp``/``custom_vjp`` calls do not go through
-    ``process_primitive``; when ``policy.inline_call(trace, args)`` says all
-    their inputs are known, their primal function is traced inline, so its
-    work folds (the custom derivative rule cannot matter: no tangent of a
-    dynamic argument flows through known values).
+    ``process_primitive``: ``policy.call_inputs(trace, args)`` gives their
+    inputs concrete values when all are known (materializing deferred ones).
     """
 
     def __init__(self, debug_info, parent_trace, policy):
@@ -144,25 +165,24 @@ class StagingTrace(_pe.DynamicJaxprTrace):
             return self.stage(prim, tracers, params)
         return out
 
-    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, *, symbolic_zeros):
-        if self.policy.inline_call(self, tracers):
-            with core.set_current_trace(self):
-                return fun.call_wrapped(*tracers)
-        return super().process_custom_jvp_call(prim, fun, jvp, tracers, symbolic_zeros=symbolic_zeros)
-
-    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, *, out_trees, symbolic_zeros):
-        if self.policy.inline_call(self, tracers):
-            with core.set_current_trace(self):
-                return fun.call_wrapped(*tracers)
-        return super().process_custom_vjp_call(
-            prim, fun, fwd, bwd, tracers, out_trees=out_trees, symbolic_zeros=symbolic_zeros
-        )
-
     def var_to_tracer(self, var, source_info, parent=None):
         aval = var.aval
         if aval.has_qdd:
             aval = core.AvalQDD(aval, var.initial_qdd)
         return KnowableTracer(self, aval, var, source_info, parent)
+
+    # A custom_jvp/custom_vjp call is folded whole (JAX's eager path) when its
+    # inputs are all concrete; otherwise it is staged, with known work in its
+    # primal function folded as JAX traces it. Its rules are never bypassed.
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
+        tracers = self.policy.call_inputs(self, tracers)
+        with _config.eager_constant_folding(True):
+            return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
+        tracers = self.policy.call_inputs(self, tracers)
+        with _config.eager_constant_folding(True):
+            return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
 
     def stage(self, prim, tracers, params):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
@@ -185,7 +205,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
 def _canonical(args):
     """Values as ``Primitive.bind`` passes them on (a known value unwrapped
     from a literal may be a Python scalar, which staging rejects)."""
-    return [x if isinstance(x, core.Tracer) else _dtypes.canonicalize_value(x) for x in args]
+    return [x if isinstance(x, core.Tracer) else dtypes.canonicalize_value(x) for x in args]
 
 
 def trace_staging(
@@ -193,13 +213,20 @@ def trace_staging(
     in_avals: Sequence[Any],
     policy: Callable,
     name: str = "pejit",
+    eager_bodies: bool = False,
 ) -> tuple[Jaxpr, list[Any]]:
     """Trace ``fun`` (flat arrays in, flat list out) into a jaxpr.
 
     Operations whose inputs are all concrete are evaluated on the spot when
     ``policy`` says so; the rest are staged. Returns the jaxpr (constvars hold
-    the folded values) and the list of those values. Mirrors
-    ``partial_eval.trace_to_jaxpr_dynamic``.
+    the folded values) and the list of those values, as
+    ``policy.finalize(jaxpr, consts)`` leaves them (it turns deferred known
+    work into constants). Mirrors ``partial_eval.trace_to_jaxpr_dynamic``.
+
+    ``eager_bodies`` lets JAX itself evaluate operations on concrete values
+    while it traces loop bodies and branches (``eager_constant_folding``), so
+    Python control flow on constants works there too, at the price of
+    folding effects and expansions inside those bodies.
     """
     dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
     dbg = dbg._replace(result_paths=None)
@@ -208,10 +235,12 @@ def trace_staging(
     with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
         source_info = source_info_util.current()
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
-        with core.set_current_trace(trace), _config.eager_constant_folding(True):
+        with core.set_current_trace(trace), _config.eager_constant_folding(eager_bodies):
             ans = wrapped.call_wrapped(*in_tracers)
+        _pe._check_returned_jaxtypes(dbg, ans)
+        ans = [dtypes.canonicalize_value(x) for x in ans]
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
         del trace, in_tracers, out_tracers, ans
-    return jaxpr, list(consts)
+    return policy.finalize(jaxpr, list(consts))
 

@@ -28,7 +28,6 @@ Three kinds of known values exist while tracing:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +37,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from . import _batch, _compat
+from ._batch import nbytes
 
 #: A fold rule: ``rule(folder, trace, prim, args, params)`` returns the
 #: outputs of ``prim`` or ``NotImplemented`` to defer to the default policy.
@@ -45,12 +45,24 @@ FoldRule = Callable[..., Any]
 fold_rules: dict[Any, FoldRule] = {}
 
 
-def register_fold_rule(*prims) -> Callable[[FoldRule], FoldRule]:
-    """Register ``rule`` for each primitive in ``prims``."""
+#: Primitives whose rule takes deferred known values as they come (tracers);
+#: every other rule sees them materialized, as concrete values.
+deferred_ok: set[Any] = set()
+
+
+def register_fold_rule(*prims, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
+    """Register ``rule`` for each primitive in ``prims``.
+
+    Known values whose folding is deferred (see :class:`Folder`) are
+    materialized before the rule runs, unless ``deferred`` says the rule
+    handles them itself, through :meth:`Folder.is_known`.
+    """
 
     def register(rule: FoldRule) -> FoldRule:
         for prim in prims:
             fold_rules[prim] = rule
+            if deferred:
+                deferred_ok.add(prim)
         return rule
 
     return register
@@ -61,22 +73,27 @@ class FoldOptions:
     """Switches for pejit's passes, each on by default.
 
     Turn one off to debug a suspected miscompilation: the result must not
-    change, only how much is folded.
+    change, only how much is folded. The passes are described together in
+    :mod:`pejit._rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
-        branch.
-      calls: nested ``jax.jit`` calls with some known inputs are specialized
-        through (inlined), so the known work inside them folds.
+        branch; with an unknown index, known work in branches is hoisted.
+      calls: nested ``jax.jit`` calls with some known inputs (or closed-over
+        constants) are specialized through (inlined), so the known work
+        inside them folds; ``jax.checkpoint`` bodies are folded in place.
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
-        hoisted out and folded.
+        hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual
         program instead of becoming large constants.
+      literals: folded scalars become literals of the residual jaxpr rather
+        than inputs.
       expansion_ratio: an expansion is kept lazy when its output is more than
         this many times larger than its known inputs ...
       expansion_min_bytes: ... and larger than this many bytes.
-      loop_residual_bytes: budget for per-iteration known loop work hoisted
-        out as stacked residuals.
+      loop_residual_bytes: per loop, the most bytes of per-iteration known
+        work (``length x size``) folded into stacked constants; a loop that
+        would need more keeps that work in its body.
       backend: how batches of known work are evaluated: ``"auto"`` (a cost
         model picks per batch, see :mod:`pejit._batch`), ``"eager"`` (op by
         op) or ``"compiled"`` (one ``jax.jit`` program per batch).
@@ -86,6 +103,7 @@ class FoldOptions:
     calls: bool = True
     loops: bool = True
     rematerialize: bool = True
+    literals: bool = True
     expansion_ratio: float = 2.0
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
@@ -137,19 +155,6 @@ ELEMENTWISE = frozenset(
 TINY_BYTES = 64
 
 
-def nbytes(aval) -> int:
-    """Bytes of an array of abstract value ``aval`` (0 for non-arrays)."""
-    shape = getattr(aval, "shape", None)
-    dtype = getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
-        return 0
-    try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:  # extended dtypes (PRNG keys) have no NumPy itemsize
-        itemsize = getattr(dtype, "itemsize", 8)
-    return math.prod(shape) * itemsize
-
-
 @dataclasses.dataclass
 class FoldStats:
     """What one specialization folded and kept, by primitive name."""
@@ -187,6 +192,12 @@ class Folder:
         # outside the batch that computes them are kept, not recomputed
         self._uses: Counter = Counter()
 
+    def child(self) -> Folder:
+        """A folder for a nested trace (a loop body): same options, same stats."""
+        child = Folder(self.options)
+        child.stats = self.stats
+        return child
+
     # -- the policy -------------------------------------------------------
     def __call__(self, trace, prim, args, params):
         args = [self._known_value(trace, a) for a in args]
@@ -195,6 +206,8 @@ class Folder:
                 self._uses[a.val] += 1
         rule = fold_rules.get(prim)
         if rule is not None:
+            if prim not in deferred_ok:
+                args = [a if self.is_lazy(a) else self.materialize(a) for a in args]
             out = rule(self, trace, prim, args, params)
             if out is not NotImplemented:
                 return out
@@ -210,21 +223,29 @@ class Folder:
             self.stats.staged[prim.name] += 1
             return NotImplemented
         avals = [_compat.typeof(a) for a in args]
-        if _compat.primitive_effects(prim, avals, params):
+        out_avals, effects = prim.abstract_eval(*avals, **params)
+        out_avals = out_avals if prim.multiple_results else [out_avals]
+        if effects:
             self.stats.effects_kept[prim.name] += 1
             return NotImplemented
-        if self.options.rematerialize and self._stays_lazy(prim, args, params):
+        if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):
             return self.stage_lazy(trace, prim, args, params)
         self.stats.folded[prim.name] += 1
-        if not any(self._var(a) is not None for a in args) and self._tiny(prim, avals, params):
+        if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch.
             return _compat.evaluate(prim, args, params)
         return self._record(trace, prim, args, params, lazy=False)
 
-    def inline_call(self, trace, args) -> bool:
-        """Hook for custom_jvp/custom_vjp calls: inline them when all inputs are known."""
-        return all(self.is_known(self._known_value(trace, a)) for a in args)
+    def call_inputs(self, trace, args) -> list:
+        """Hook for custom_jvp/custom_vjp calls: concrete inputs when all are known.
+
+        JAX then folds the whole call eagerly, as it would on constants.
+        """
+        known = [self._known_value(trace, a) for a in args]
+        if all(self.is_known(a) for a in known):
+            return [self.materialize(a) for a in known]
+        return list(args)
 
     # -- known values -----------------------------------------------------
     def is_known(self, x) -> bool:
@@ -271,24 +292,17 @@ class Folder:
         return jaxpr, [*consts, *values]
 
     # -- cheap expansions -------------------------------------------------
-    def _stays_lazy(self, prim, args, params) -> bool:
+    def _stays_lazy(self, prim, args, avals, out_avals) -> bool:
         if prim in ELEMENTWISE:
             return any(self.is_lazy(a) for a in args)
         if prim not in EXPANSIONS:
             return False
         if any(self.is_lazy(a) for a in args):
             return True
-        in_bytes = sum(nbytes(_compat.typeof(a)) for a in args)
-        out_avals, _ = prim.abstract_eval(*[_compat.typeof(a) for a in args], **params)
-        out_avals = out_avals if prim.multiple_results else [out_avals]
-        out_bytes = sum(nbytes(a) for a in out_avals)
+        in_bytes = sum(map(nbytes, avals))
+        out_bytes = sum(map(nbytes, out_avals))
         opts = self.options
         return out_bytes > opts.expansion_min_bytes and out_bytes > opts.expansion_ratio * in_bytes
-
-    def _tiny(self, prim, avals, params) -> bool:
-        out_avals, _ = prim.abstract_eval(*avals, **params)
-        out_avals = out_avals if prim.multiple_results else [out_avals]
-        return sum(nbytes(a) for a in out_avals) <= TINY_BYTES
 
     def stage_lazy(self, trace, prim, args, params):
         """Stage ``prim`` on known inputs, remembering how to materialize it."""

@@ -25,6 +25,8 @@ class FoldReport:
       fold_seconds: wall time of tracing and folding.
       after: the residual jaxpr.
       before: the jaxpr that was specialized, when there was one.
+      hoisted: equations folded inside loop bodies and branches (hoisted
+        out of them), by primitive; also counted in ``folded``.
     """
 
     folded: Counter
@@ -36,6 +38,7 @@ class FoldReport:
     fold_seconds: float
     after: Any
     before: Any = None
+    hoisted: Counter = dataclasses.field(default_factory=Counter)
 
     @classmethod
     def build(cls, stats: FoldStats, closed_jaxpr, seconds: float, before=None) -> FoldReport:
@@ -50,6 +53,7 @@ class FoldReport:
             fold_seconds=seconds,
             after=closed_jaxpr,
             before=before,
+            hoisted=stats.hoisted,
         )
 
     @property
@@ -72,6 +76,8 @@ class FoldReport:
         ]
         if self.eliminated_branches:
             lines.append(f"branches eliminated: {self.eliminated_branches}")
+        if self.hoisted:
+            lines.append(f"hoisted out of loops and branches: {fmt(self.hoisted)}")
         if self.rematerialized:
             lines.append(f"expansions kept in the residual: {fmt(self.rematerialized)}")
         if self.effects_kept:

@@ -17,6 +17,7 @@ import argparse  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from . import cases, report  # noqa: E402
@@ -48,19 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     tfc_python = find_tfc_python(args.tfc_python)
     selected = {int(c) for c in args.cases.split(",")}
     ctx = cases.Context(quick=args.quick, tfc_python=tfc_python)
-    results = {}
+    results, errors = {}, {}
     for number, run in cases.CASES.items():
         if number in selected:
             print(f"== case {number}: {run.__doc__.splitlines()[0]}", flush=True)
-            results[number] = run(ctx)
+            try:
+                results[number] = run(ctx)
+            except Exception:  # report it, keep measuring the other cases
+                errors[number] = traceback.format_exc()
+                print(errors[number], file=sys.stderr, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     targets = cases.targets(results)
-    report.write(out, args.name, ctx, results, targets)
+    report.write(out, args.name, ctx, results, targets, errors)
     for t in targets:
         print(f"{'PASS' if t.passed else 'FAIL' if t.passed is not None else 'N/A '}  {t.name}: {t.detail}")
     print(f"wrote {out / args.name}")
-    return 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,13 @@ YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 def set_xla_flags() -> None:
-    """Add the YNN workaround to ``XLA_FLAGS``; call before importing jax."""
+    """Add the YNN workaround to ``XLA_FLAGS``; call before importing jax.
+
+    ``PEJIT_BENCH_KEEP_XLA_FLAGS=1`` leaves the flags alone (for an XLA that
+    does not know the flag).
+    """
+    if os.environ.get("PEJIT_BENCH_KEEP_XLA_FLAGS") == "1":
+        return
     flags = os.environ.get("XLA_FLAGS", "")
     if YNN_OFF not in flags:
         os.environ["XLA_FLAGS"] = (flags + " " + YNN_OFF).strip()
@@ -71,8 +77,6 @@ def run_worker(python: str, module: str, spec: dict, timeout: float = 600) -> di
     """Run ``python -m module '<spec json>'``; return the JSON it prints last."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([src_root(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    flags = env.get("XLA_FLAGS", "")
-    env["XLA_FLAGS"] = flags if YNN_OFF in flags else (flags + " " + YNN_OFF).strip()
     proc = subprocess.run(
         [python, "-m", module, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -33,7 +33,7 @@ def _machine() -> str:
     return f"{platform.node()}: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; devices: {devices}"
 
 
-def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Target]) -> None:
+def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Target], errors: dict) -> None:
     lines = [
         "# pejit benchmark results",
         "",
@@ -58,6 +58,8 @@ def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Targe
     for number, res in results.items():
         lines += SECTIONS[number](res)
         lines.append("")
+    for number, error in errors.items():
+        lines += [f"## Case {number}: failed", "", "```", error.strip()[-3000:], "```", ""]
     (out / name).write_text("\n".join(lines))
     try:
         _plots(out, Path(name).stem, results)
