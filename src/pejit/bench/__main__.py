@@ -44,22 +44,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="RESULTS.md", help="file name of the results")
     parser.add_argument("--tfc-python", default=None, help="a Python with tfc installed")
     parser.add_argument("--cases", default="1,2,3,4,5,6", help="comma-separated case numbers")
+    parser.add_argument("--cold-repeat", type=int, default=None,
+                        help="fresh processes per fold-time sample (default: 1 quick, 3 full)")
     args = parser.parse_args(argv)
 
     tfc_python = find_tfc_python(args.tfc_python)
     selected = {int(c) for c in args.cases.split(",")}
-    ctx = cases.Context(quick=args.quick, tfc_python=tfc_python)
+    ctx = cases.Context(quick=args.quick, tfc_python=tfc_python, cold_repeat=args.cold_repeat)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     results, errors = {}, {}
     for number, run in cases.CASES.items():
         if number in selected:
+            if results or errors:  # results so far survive an interrupted run
+                report.write(out, args.name, ctx, results, cases.targets(results), errors, plots=False)
             print(f"== case {number}: {run.__doc__.splitlines()[0]}", flush=True)
             try:
                 results[number] = run(ctx)
             except Exception:  # report it, keep measuring the other cases
                 errors[number] = traceback.format_exc()
                 print(errors[number], file=sys.stderr, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     targets = cases.targets(results)
     report.write(out, args.name, ctx, results, targets, errors)
     for t in targets:

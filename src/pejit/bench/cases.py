@@ -27,6 +27,7 @@ from ._common import interleaved, run_worker
 class Context:
     quick: bool
     tfc_python: str | None
+    cold_repeat: int | None = None
 
     @property
     def min_seconds(self) -> float:
@@ -178,7 +179,7 @@ def case4(ctx: Context) -> dict:
     variants = ["pejit", "one_program", "tfc"]
     if not ctx.quick:
         variants += ["pejit_eager", "pejit_compiled"]
-    repeat = 1 if ctx.quick else 3
+    repeat = ctx.cold_repeat or (1 if ctx.quick else 3)
     out: dict[str, Any] = {}
     for N, K in FOLD_GRID:
         samples: dict[str, list[float]] = {v: [] for v in variants}

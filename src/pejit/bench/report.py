@@ -33,7 +33,8 @@ def _machine() -> str:
     return f"{platform.node()}: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; devices: {devices}"
 
 
-def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Target], errors: dict) -> None:
+def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Target], errors: dict,
+          plots: bool = True) -> None:
     lines = [
         "# pejit benchmark results",
         "",
@@ -61,6 +62,8 @@ def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Targe
     for number, error in errors.items():
         lines += [f"## Case {number}: failed", "", "```", error.strip()[-3000:], "```", ""]
     (out / name).write_text("\n".join(lines))
+    if not plots:
+        return
     try:
         _plots(out, Path(name).stem, results)
     except ImportError:
