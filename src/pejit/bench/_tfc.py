@@ -14,11 +14,16 @@ set_xla_flags()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from tfc import utfc  # noqa: E402  (turns on x64)
-from tfc.utils import pejit as tfc_pejit  # noqa: E402
 
 from . import programs  # noqa: E402
 from ._common import interleaved  # noqa: E402
+
+
+def tfc_pejit(*args, **kwargs):
+    """TFC's ``pejit``, imported on first use: the import turns on x64."""
+    from tfc.utils import pejit
+
+    return pejit(*args, **kwargs)
 
 
 def linsolve(spec: dict) -> dict:
@@ -39,6 +44,7 @@ def basis(spec: dict) -> dict:
 def basis_utfc(spec: dict) -> dict:
     """TFC's own basis (a custom primitive with a LAPACK-free C++ kernel), all variants."""
     from pejit import pejit
+    from tfc import utfc
 
     t = utfc(spec["points"], 0, spec["degree"] - 1, x0=-1.0, xf=1.0)
     x = np.asarray(t.x)
