@@ -58,11 +58,17 @@ def per_call(fn: Callable[[], Any], *, min_seconds: float = 0.02, repeat: int = 
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], *, min_seconds: float, repeat: int) -> dict[str, float]:
-    """Median seconds per call of each function, sampled round-robin."""
+    """Median seconds per call of each function, sampled round-robin.
+
+    The order rotates from round to round, so that no function always runs
+    right after the same neighbour (a heavy one leaves threads and caches
+    busy for a while).
+    """
     samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            samples[name] += per_call(fn, min_seconds=min_seconds, repeat=1)
+    names = list(fns)
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            samples[name] += per_call(fns[name], min_seconds=min_seconds, repeat=1)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 

@@ -43,6 +43,8 @@ def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Targe
         f"- JAX {jax.__version__}, jaxlib {jaxlib.__version__}, backend {jax.default_backend()}",
         f"- mode: {'quick' if ctx.quick else 'full'}; TFC: {ctx.tfc_python or 'not installed (n/a)'}",
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`",
+        f"- load average when written (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        " (the machine is shared; ratios are measured side by side for that reason)",
         "- command: `python -m pejit.bench" + (" --quick" if ctx.quick else "") + "`",
         "",
         "Steady-state times are medians of interleaved samples in one process;",
@@ -80,12 +82,12 @@ def _times_table(times: dict, ref: str) -> list[str]:
 
 def _case1(r):
     return ["## Case 1: linsolve (n = 1000, float32)", "", *_times_table(r["times"], "hand"), "",
-            f"Max abs difference from hand-folded: {r['max_abs_error']}"]
+            f"Max abs difference from hand-folded, relative to its largest entry: {r['max_abs_error']}"]
 
 
 def _case2(r):
     lines = [f"## Case 2: basis (Chebyshev, {r['points']} points, degree {r['degree']})", "",
-             *_times_table(r["times"], "hand"), "", f"Max abs difference from hand-folded: {r['max_abs_error']}"]
+             *_times_table(r["times"], "hand"), "", f"Max abs difference from hand-folded, relative to its largest entry: {r['max_abs_error']}"]
     u = r.get("utfc")
     if u and "times" in u:
         lines += ["", "TFC's `utfc` basis (in the TFC process, 64-bit mode on):", "",
