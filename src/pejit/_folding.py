@@ -278,7 +278,7 @@ class Folder:
         live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
         kept, needed = [], []
         for eqn in reversed(jaxpr.eqns):
-            recipe = self._recipes.get(eqn.outvars[0]) if eqn.outvars else None
+            recipe = next((self._recipes[v] for v in eqn.outvars if v in self._recipes), None)
             if recipe is not None and not recipe.lazy:
                 needed.extend(v for v in eqn.outvars if v in live)
                 continue
@@ -341,10 +341,15 @@ class Folder:
         return outs
 
     def _materialize(self, targets: Sequence[Any]) -> list[Any]:
-        """Values of recipe variables ``targets``, evaluating one batch."""
+        """Values of recipe variables ``targets``, evaluating one batch.
+
+        Besides ``targets``, the batch keeps the values that something
+        outside it has used; other intermediates are dropped, and recomputed
+        should a later equation ask for them.
+        """
         batch = self._batch([v for v in targets if v not in self._materialized])
         if batch:
-            produced = {v for r in batch for v in r.outvars}
+            produced = {v for r in batch for v in r.outvars if v is not None}
             inside = Counter(a for r in batch for a in r.args if isinstance(a, _compat.Var))
             outputs = list(dict.fromkeys(
                 [v for v in targets if v in produced]
@@ -362,7 +367,6 @@ class Folder:
                 )
                 for seg in plan
             )
-            # computed but not kept: recomputed if asked for again
         return [self._materialized[v] for v in targets]
 
     def _batch(self, targets: Sequence[Any]) -> list[_batch.Recipe]:

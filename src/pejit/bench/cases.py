@@ -62,7 +62,7 @@ def _steady(ctx: Context, fns: dict, heavy: tuple[str, ...]) -> dict[str, float]
     """Interleaved medians; the slow variants are sampled in a block of their own."""
     light = {k: f for k, f in fns.items() if k not in heavy}
     times = interleaved(light, min_seconds=ctx.min_seconds, repeat=ctx.repeat)
-    times.update(interleaved({k: fns[k] for k in heavy}, min_seconds=ctx.min_seconds, repeat=3))
+    times.update(interleaved({k: fns[k] for k in heavy}, min_seconds=ctx.min_seconds, repeat=1 if ctx.quick else 3))
     return times
 
 
@@ -120,7 +120,7 @@ def case2(ctx: Context) -> dict:
 
 def case3(ctx: Context) -> dict:
     """PLN (seed 003): Poisson log-normal fit, n = 11600, p = 114, d = 1, Adam."""
-    iterations = 30 if ctx.quick else 1000
+    iterations = 20 if ctx.quick else 1000
     Y, O, X = programs.pln_data()
     Y, O, X = jnp.asarray(Y), jnp.asarray(O), jnp.asarray(X)
     state0 = programs.pln_init(Y, X)
