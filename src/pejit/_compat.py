@@ -31,10 +31,17 @@ here. What we use, and why no public API does the job:
   that ``DynamicJaxprTrace`` requires.
 * ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
   compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
+* ``core.eval_trace``: evaluating known work (op by op, or by compiling it
+  with ``jax.jit``) from inside the folding trace.
+* ``dtypes.canonicalize_value``: staging a known Python scalar the way
+  ``Primitive.bind`` would.
+* ``mlir._lowerings``: whether a known sub-program can be compiled at all
+  (primitives with only an ``impl`` must run op by op).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +54,7 @@ from jax._src import core
 from jax._src import dtypes
 from jax._src import linear_util as lu
 from jax._src import source_info_util
+from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 
 ArrayImpl = _array.ArrayImpl
@@ -108,6 +116,24 @@ def at_top_level():
     return core.set_current_trace(core.eval_trace)
 
 
+def evaluating():
+    """Context in which binds evaluate (or ``jax.jit`` compiles) for real.
+
+    Known work is materialized from inside the folding trace; this steps out
+    of it, and out of eager constant folding, which would otherwise turn the
+    tracing done by ``jax.jit`` into evaluation.
+    """
+    stack = contextlib.ExitStack()
+    stack.enter_context(core.set_current_trace(core.eval_trace))
+    stack.enter_context(_config.eager_constant_folding(False))
+    return stack
+
+
+def has_lowering(prim, platform: str) -> bool:
+    """Whether ``prim`` can be compiled for ``platform`` (else: ``impl`` only)."""
+    return prim in _mlir._lowerings or prim in _mlir._platform_specific_lowerings.get(platform, {})
+
+
 def primitive_effects(prim, avals: Sequence[Any], params: dict):
     """The effects ``prim`` would carry on inputs of these avals."""
     _, effects = prim.abstract_eval(*avals, **params)
@@ -141,6 +167,9 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     ``process_primitive`` hands every primitive application to ``policy``
     (``policy(trace, prim, args, params)``), which either returns outputs or
     returns ``NotImplemented`` to fall back to ordinary staging.
+    ``custom_jvp``/``custom_vjp`` calls do not go through
+    ``process_primitive``: ``policy.call_inputs(trace, args)`` gives their
+    inputs concrete values when all are known (materializing deferred ones).
     """
 
     def __init__(self, debug_info, parent_trace, policy):
@@ -163,17 +192,37 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     # inputs are all concrete; otherwise it is staged, with known work in its
     # primal function folded as JAX traces it. Its rules are never bypassed.
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
+        tracers = self.policy.call_inputs(self, tracers)
         with _config.eager_constant_folding(True):
             return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
 
     def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
+        tracers = self.policy.call_inputs(self, tracers)
         with _config.eager_constant_folding(True):
             return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
 
     def stage(self, prim, tracers, params):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
         with _config.eager_constant_folding(False):
-            return super().process_primitive(prim, tracers, params)
+            return super().process_primitive(prim, _canonical(tracers), params)
+
+    def stage_equation(self, prim, tracers, params):
+        """Record exactly one ``prim`` equation with fresh output variables.
+
+        Unlike :meth:`stage`, custom staging rules (which inline some calls,
+        e.g. ``jit`` with ``inline=True``) are bypassed: the caller keys
+        bookkeeping on the outputs of this one equation.
+        """
+        with _config.eager_constant_folding(False):
+            source_info = source_info_util.current()
+            tracers = [self.to_jaxpr_tracer(t, source_info=source_info) for t in _canonical(tracers)]
+            return self.default_process_primitive(prim, tracers, params, source_info)
+
+
+def _canonical(args):
+    """Values as ``Primitive.bind`` passes them on (a known value unwrapped
+    from a literal may be a Python scalar, which staging rejects)."""
+    return [x if isinstance(x, core.Tracer) else dtypes.canonicalize_value(x) for x in args]
 
 
 def trace_staging(
@@ -187,8 +236,9 @@ def trace_staging(
 
     Operations whose inputs are all concrete are evaluated on the spot when
     ``policy`` says so; the rest are staged. Returns the jaxpr (constvars hold
-    the folded values) and the list of those values. Mirrors
-    ``partial_eval.trace_to_jaxpr_dynamic``.
+    the folded values) and the list of those values, as
+    ``policy.finalize(jaxpr, consts)`` leaves them (it turns deferred known
+    work into constants). Mirrors ``partial_eval.trace_to_jaxpr_dynamic``.
 
     ``eager_bodies`` lets JAX itself evaluate operations on concrete values
     while it traces loop bodies and branches (``eager_constant_folding``), so
@@ -209,5 +259,5 @@ def trace_staging(
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
         del trace, in_tracers, out_tracers, ans
-    return jaxpr, list(consts)
+    return policy.finalize(jaxpr, list(consts))
 

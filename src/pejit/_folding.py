@@ -28,15 +28,16 @@ Three kinds of known values exist while tracing:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.extend.core import primitives as P
 
-from . import _compat
+from . import _batch, _compat
+from ._batch import nbytes
 
 #: A fold rule: ``rule(folder, trace, prim, args, params)`` returns the
 #: outputs of ``prim`` or ``NotImplemented`` to defer to the default policy.
@@ -44,12 +45,24 @@ FoldRule = Callable[..., Any]
 fold_rules: dict[Any, FoldRule] = {}
 
 
-def register_fold_rule(*prims) -> Callable[[FoldRule], FoldRule]:
-    """Register ``rule`` for each primitive in ``prims``."""
+#: Primitives whose rule takes deferred known values as they come (tracers);
+#: every other rule sees them materialized, as concrete values.
+deferred_ok: set[Any] = set()
+
+
+def register_fold_rule(*prims, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
+    """Register ``rule`` for each primitive in ``prims``.
+
+    Known values whose folding is deferred (see :class:`Folder`) are
+    materialized before the rule runs, unless ``deferred`` says the rule
+    handles them itself, through :meth:`Folder.is_known`.
+    """
 
     def register(rule: FoldRule) -> FoldRule:
         for prim in prims:
             fold_rules[prim] = rule
+            if deferred:
+                deferred_ok.add(prim)
         return rule
 
     return register
@@ -81,6 +94,9 @@ class FoldOptions:
       loop_residual_bytes: per loop, the most bytes of per-iteration known
         work (``length x size``) folded into stacked constants; a loop that
         would need more keeps that work in its body.
+      backend: how batches of known work are evaluated: ``"auto"`` (a cost
+        model picks per batch, see :mod:`pejit._batch`), ``"eager"`` (op by
+        op) or ``"compiled"`` (one ``jax.jit`` program per batch).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -101,6 +117,11 @@ class FoldOptions:
     expansion_ratio: float = 2.0
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
+    backend: str = "auto"
+
+    def __post_init__(self):
+        if self.backend not in _batch.BACKENDS:
+            raise ValueError(f"FoldOptions: backend must be one of {_batch.BACKENDS}, got {self.backend!r}")
 
 
 #: Primitives that only move, replicate or create data cheaply: folding them
@@ -139,17 +160,9 @@ ELEMENTWISE = frozenset(
 )
 
 
-def nbytes(aval) -> int:
-    """Bytes of an array of abstract value ``aval`` (0 for non-arrays)."""
-    shape = getattr(aval, "shape", None)
-    dtype = getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
-        return 0
-    try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:  # extended dtypes (PRNG keys) have no NumPy itemsize
-        itemsize = getattr(dtype, "itemsize", 8)
-    return math.prod(shape) * itemsize
+#: Known results up to this size, on concrete inputs, are computed at once
+#: rather than deferred to a batch.
+TINY_BYTES = 64
 
 
 @dataclasses.dataclass
@@ -162,14 +175,7 @@ class FoldStats:
     eliminated_branches: int = 0
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Recipe:
-    prim: Any
-    args: tuple
-    params: dict
-    outvars: list
+    batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
 
 
 class Folder:
@@ -177,14 +183,24 @@ class Folder:
 
     Called by :class:`~pejit._compat.StagingTrace` for every primitive
     application; returns the outputs, or ``NotImplemented`` to stage.
+
+    Known work is *deferred*: each known equation is staged as a placeholder
+    and recorded as a recipe; :mod:`pejit._batch` evaluates recipes in
+    batches when their values are needed (by Python, by a rule through
+    :meth:`materialize`, or by the residual program in :meth:`finalize`),
+    choosing per batch between op-by-op evaluation and one compiled program.
+    Dead known work is never evaluated.
     """
 
     def __init__(self, options: FoldOptions = FoldOptions()):
         self.options = options
         self.stats = FoldStats()
-        # staged Var -> _Recipe: how to materialize a lazy value
-        self._recipes: dict[Any, _Recipe] = {}
+        # output Var of a staged known equation -> how to compute it
+        self._recipes: dict[Any, _batch.Recipe] = {}
         self._materialized: dict[Any, Any] = {}
+        # how often each recipe output was an input to something: values used
+        # outside the batch that computes them are kept, not recomputed
+        self._uses: Counter = Counter()
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
@@ -195,65 +211,130 @@ class Folder:
     # -- the policy -------------------------------------------------------
     def __call__(self, trace, prim, args, params):
         args = [self._known_value(trace, a) for a in args]
+        for a in args:
+            if self._var(a) is not None:
+                self._uses[a.val] += 1
         rule = fold_rules.get(prim)
         if rule is not None:
+            if prim not in deferred_ok:
+                args = [a if self.is_lazy(a) else self.materialize(a) for a in args]
             out = rule(self, trace, prim, args, params)
             if out is not NotImplemented:
                 return out
         return self.default(trace, prim, args, params)
 
     def default(self, trace, prim, args, params):
-        """Fold ``prim`` if all inputs are known and it has no effects."""
+        """Fold ``prim`` if all inputs are known and it has no effects.
+
+        Folding is deferred (see the class docstring): the outputs are
+        known tracers whose values :meth:`materialize` computes.
+        """
         if not all(self.is_known(a) for a in args):
             self.stats.staged[prim.name] += 1
             return NotImplemented
         avals = [_compat.typeof(a) for a in args]
-        if _compat.primitive_effects(prim, avals, params):
+        out_avals, effects = prim.abstract_eval(*avals, **params)
+        out_avals = out_avals if prim.multiple_results else [out_avals]
+        if effects:
             self.stats.effects_kept[prim.name] += 1
             return NotImplemented
-        if self.options.rematerialize and self._stays_lazy(prim, args, params):
+        if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):
             return self.stage_lazy(trace, prim, args, params)
         self.stats.folded[prim.name] += 1
-        return _compat.evaluate(prim, [self.materialize(a) for a in args], params)
+        if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
+            # Scalars are evaluated on the spot: Python often asks for them,
+            # and a batch of one costs more than the dispatch.
+            return _compat.evaluate(prim, args, params)
+        return self._record(trace, prim, args, params, lazy=False)
+
+    def call_inputs(self, trace, args) -> list:
+        """Hook for custom_jvp/custom_vjp calls: concrete inputs when all are known.
+
+        JAX then folds the whole call eagerly, as it would on constants.
+        """
+        known = [self._known_value(trace, a) for a in args]
+        if all(self.is_known(a) for a in known):
+            return [self.materialize(a) for a in known]
+        return list(args)
 
     # -- known values -----------------------------------------------------
     def is_known(self, x) -> bool:
-        """Whether ``x`` is known: not a value this folder stages, or lazy.
+        """Whether ``x`` is known: concrete, or a recipe of this folder.
 
-        Tracers of an *outer* trace count as known: they are the abstract
+        Tracers of an *outer* trace count as known too: they are the abstract
         constants of a folding program being compiled (see ``_jit``), and
-        folding an equation on them stages it into that program.
+        evaluating a recipe on them stages it into that program.
         """
         staged = isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
-        return not staged or self.is_lazy(x)
+        return not staged or self._var(x) is not None
 
     def is_lazy(self, x) -> bool:
-        return isinstance(x, _compat.Tracer) and getattr(x, "val", None) in self._recipes
+        """Whether ``x`` is a cheap expansion that stays in the residual program."""
+        var = self._var(x)
+        return var is not None and self._recipes[var].lazy
 
     def materialize(self, x):
         """The concrete value of a known ``x``."""
-        if not self.is_lazy(x):
+        var = self._var(x)
+        if var is None:
             return x
-        # Evaluate the recipes ``x`` depends on in dependency order, with an
-        # explicit stack: chains of lazy values can be longer than Python's
-        # recursion limit.
-        stack = [x.val]
-        while stack:
-            var = stack[-1]
-            if var in self._materialized:
-                stack.pop()
+        return self._materialize([var])[0]
+
+    def concrete_value(self, tracer):
+        """Hook for :class:`~pejit._compat.KnowableTracer`: Python asks."""
+        if not self.is_known(tracer):
+            return None
+        value = self.materialize(tracer)
+        # An abstract constant (a tracer of an outer trace) has no value yet.
+        return None if isinstance(value, _compat.Tracer) else value
+
+    def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
+        """Turn the known values the residual ``jaxpr`` uses into constants.
+
+        Equations recorded as folds are dropped; those of their outputs that
+        live equations (or the outputs) use become constvars, materialized
+        in one batch. Lazy expansions stay, as do effectful equations.
+        """
+        live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+        kept, needed = [], []
+        for eqn in reversed(jaxpr.eqns):
+            recipe = next((self._recipes[v] for v in eqn.outvars if v in self._recipes), None)
+            if recipe is not None and not recipe.lazy:
+                needed.extend(v for v in eqn.outvars if v in live)
                 continue
-            r = self._recipes[var]
-            pending = [a.val for a in r.args if self.is_lazy(a) and a.val not in self._materialized]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
-            args = [self._materialized[a.val] if self.is_lazy(a) else a for a in r.args]
-            outs = _compat.evaluate(r.prim, args, r.params)
-            vals = outs if r.prim.multiple_results else [outs]
-            self._materialized.update((v, val) for v, val in zip(r.outvars, vals) if isinstance(v, _compat.Var))
-        return self._materialized[x.val]
+            if eqn.effects or any(v in live for v in eqn.outvars):
+                kept.append(eqn)
+                live.update(v for v in eqn.invars if isinstance(v, _compat.Var))
+        needed.reverse()
+        values = self._materialize(needed)
+        kept.reverse()
+        jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *needed], eqns=kept)
+        return jaxpr, [*consts, *values]
+
+    # -- cheap expansions -------------------------------------------------
+    def _stays_lazy(self, prim, args, avals, out_avals) -> bool:
+        if prim in ELEMENTWISE:
+            return any(self.is_lazy(a) for a in args)
+        if prim not in EXPANSIONS:
+            return False
+        if any(self.is_lazy(a) for a in args):
+            return True
+        in_bytes = sum(map(nbytes, avals))
+        out_bytes = sum(map(nbytes, out_avals))
+        opts = self.options
+        return out_bytes > opts.expansion_min_bytes and out_bytes > opts.expansion_ratio * in_bytes
+
+    def stage_lazy(self, trace, prim, args, params):
+        """Stage ``prim`` on known inputs, remembering how to materialize it."""
+        self.stats.rematerialized[prim.name] += 1
+        return self._record(trace, prim, args, params, lazy=True)
+
+    def _var(self, x):
+        """The recipe variable of a known tracer, else ``None``."""
+        if not isinstance(x, _compat.Tracer):
+            return None
+        var = getattr(x, "val", None)
+        return var if isinstance(var, _compat.Var) and var in self._recipes else None
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
@@ -263,39 +344,77 @@ class Folder:
                 return const
         return x
 
-    # -- cheap expansions -------------------------------------------------
-    def _stays_lazy(self, prim, args, params) -> bool:
-        if prim in ELEMENTWISE:
-            return any(self.is_lazy(a) for a in args)
-        if prim not in EXPANSIONS:
-            return False
-        if any(self.is_lazy(a) for a in args):
-            return True
-        in_bytes = sum(nbytes(_compat.typeof(a)) for a in args)
-        out_avals, _ = prim.abstract_eval(*[_compat.typeof(a) for a in args], **params)
-        out_avals = out_avals if prim.multiple_results else [out_avals]
-        out_bytes = sum(nbytes(a) for a in out_avals)
-        opts = self.options
-        return out_bytes > opts.expansion_min_bytes and out_bytes > opts.expansion_ratio * in_bytes
-
-    def stage_lazy(self, trace, prim, args, params):
-        """Stage ``prim`` on known inputs, remembering how to materialize it."""
-        self.stats.rematerialized[prim.name] += 1
-        outs = trace.stage(prim, args, params)
-        outvars = [o.val for o in (outs if prim.multiple_results else [outs])]
-        recipe = _Recipe(prim, tuple(args), params, outvars)
-        # Outputs JAX already made literals (scalar conversions) are concrete,
-        # and an output that is a forwarded input (``jit`` does that) keeps
-        # the recipe it has: overwriting it would make a cycle.
-        for v in outvars:
-            if isinstance(v, _compat.Var) and v not in self._recipes:
-                self._recipes[v] = recipe
+    # -- deferred evaluation ---------------------------------------------
+    def _record(self, trace, prim, args, params, *, lazy: bool):
+        # A fold must be exactly one equation, which ``finalize`` drops by
+        # its outputs; a lazy one stays in the residual program, staged as
+        # JAX would stage it (custom rules inline some calls).
+        stage = trace.stage if lazy else trace.stage_equation
+        outs = stage(prim, args, params)
+        out_list = outs if prim.multiple_results else [outs]
+        # JAX's staging may forward an input or fold a literal instead of
+        # emitting an equation; such outputs already know their value.
+        outvars = tuple(
+            o.val if trace.get_const(o) is None and self._var(o) is None else None
+            for o in out_list
+        )
+        if any(v is not None for v in outvars):
+            recipe_args = tuple(self._var(a) or a for a in args)
+            recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy)
+            self._recipes.update((v, recipe) for v in outvars if v is not None)
         return outs
 
-    def concrete_value(self, tracer):
-        """Hook for :class:`~pejit._compat.KnowableTracer`: Python asks."""
-        return self.materialize(tracer) if self.is_lazy(tracer) else None
+    def _materialize(self, targets: Sequence[Any]) -> list[Any]:
+        """Values of recipe variables ``targets``, evaluating one batch.
 
+        Besides ``targets``, the batch keeps the values that something
+        outside it has used; other intermediates are dropped, and recomputed
+        should a later equation ask for them.
+        """
+        batch = self._batch([v for v in targets if v not in self._materialized])
+        if batch:
+            produced = {v for r in batch for v in r.outvars if v is not None}
+            inside = Counter(a for r in batch for a in r.args if isinstance(a, _compat.Var))
+            outputs = list(dict.fromkeys(
+                [v for v in targets if v in produced]
+                + [v for v in produced if self._uses[v] > inside[v]]
+            ))
+            backend = "eager" if _batch.is_abstract(batch, self._materialized) else self.options.backend
+            plan = _batch.plan_batch(batch, backend, jax.default_backend())
+            values = _batch.run_batch(plan, self._materialized, outputs)
+            self._materialized.update(zip(outputs, values))
+            number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
+            self.stats.batches.extend(
+                _batch.BatchInfo(
+                    number, seg.backend, len(seg.recipes),
+                    sum(r.out_bytes() for r in seg.recipes),
+                    Counter(r.prim.name for r in seg.recipes),
+                )
+                for seg in plan
+            )
+        return [self._materialized[v] for v in targets]
+
+    def _batch(self, targets: Sequence[Any]) -> list[_batch.Recipe]:
+        """Unevaluated recipes ``targets`` depend on, in dependency order."""
+        order: list[_batch.Recipe] = []
+        state: dict[int, int] = {}  # id(recipe) -> 1 visiting, 2 done
+        stack = [self._recipes[v] for v in targets]
+        while stack:
+            r = stack[-1]
+            s = state.get(id(r))
+            if s is None:
+                state[id(r)] = 1
+                for a in r.args:
+                    if isinstance(a, _compat.Var) and a not in self._materialized:
+                        dep = self._recipes[a]
+                        if id(dep) not in state:
+                            stack.append(dep)
+            else:
+                stack.pop()
+                if s == 1:
+                    state[id(r)] = 2
+                    order.append(r)
+        return order
 
 def replay(trace, closed_jaxpr, args: Sequence[Any]) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` under ``trace`` (folding as we go)."""

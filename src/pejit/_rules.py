@@ -76,7 +76,7 @@ def _cond(folder: Folder, trace, prim, args, params):
     return replay(trace, branches[i], operands)
 
 
-@register_fold_rule(P.jit_p)
+@register_fold_rule(P.jit_p, deferred=True)
 def _jit(folder: Folder, trace, prim, args, params):
     """Specialize through a nested ``jax.jit`` that has some known inputs.
 

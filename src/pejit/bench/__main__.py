@@ -1,0 +1,76 @@
+"""Run the benchmark suite: ``python -m pejit.bench [--quick] [--out DIR]``.
+
+Writes ``RESULTS.md`` and PNG plots (when matplotlib is installed) to
+``--out`` (default ``benchmarks/``) and prints PASS/FAIL per target. TFC's
+``pejit`` runs in a separate Python (``--tfc-python`` or the
+``PEJIT_BENCH_TFC_PYTHON`` environment variable; by default this Python if
+it can import ``tfc``); without one, TFC's figures read "n/a".
+"""
+
+from __future__ import annotations
+
+from ._common import set_xla_flags
+
+set_xla_flags()  # before jax starts
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from . import cases, report  # noqa: E402
+
+
+def find_tfc_python(option: str | None) -> str | None:
+    """A Python that can import ``tfc``, or ``None``."""
+    candidates = [option, os.environ.get("PEJIT_BENCH_TFC_PYTHON"), sys.executable]
+    for python in candidates:
+        if not python:
+            continue
+        ok = subprocess.run([python, "-c", "import tfc"], capture_output=True, cwd="/").returncode == 0
+        if ok:
+            return python
+        if python is not sys.executable:
+            print(f"warning: {python} cannot import tfc; TFC figures will be n/a", file=sys.stderr)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pejit.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller problems, fewer repeats (< 3 minutes)")
+    parser.add_argument("--out", default="benchmarks", help="directory for RESULTS.md and plots")
+    parser.add_argument("--name", default="RESULTS.md", help="file name of the results")
+    parser.add_argument("--tfc-python", default=None, help="a Python with tfc installed")
+    parser.add_argument("--cases", default="1,2,3,4,5,6", help="comma-separated case numbers")
+    parser.add_argument("--cold-repeat", type=int, default=None,
+                        help="fresh processes per fold-time sample (default: 1 quick, 3 full)")
+    args = parser.parse_args(argv)
+
+    tfc_python = find_tfc_python(args.tfc_python)
+    selected = {int(c) for c in args.cases.split(",")}
+    ctx = cases.Context(quick=args.quick, tfc_python=tfc_python, cold_repeat=args.cold_repeat)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results, errors = {}, {}
+    for number, run in cases.CASES.items():
+        if number in selected:
+            if results or errors:  # results so far survive an interrupted run
+                report.write(out, args.name, ctx, results, cases.targets(results), errors, plots=False)
+            print(f"== case {number}: {run.__doc__.splitlines()[0]}", flush=True)
+            try:
+                results[number] = run(ctx)
+            except Exception:  # report it, keep measuring the other cases
+                errors[number] = traceback.format_exc()
+                print(errors[number], file=sys.stderr, flush=True)
+    targets = cases.targets(results)
+    report.write(out, args.name, ctx, results, targets, errors)
+    for t in targets:
+        print(f"{'PASS' if t.passed else 'FAIL' if t.passed is not None else 'N/A '}  {t.name}: {t.detail}")
+    print(f"wrote {out / args.name}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Cold-process measurements: fold time, compile time, peak memory.
+
+Run as ``python -m pejit.bench._worker '<json spec>'`` by the driver, one
+fresh process per sample, so that no variant profits from caches another
+one warmed (JAX caches per-primitive executables per process). JAX's own
+start-up is paid before the clock starts.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ._common import set_xla_flags, worker_main
+
+set_xla_flags()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import programs  # noqa: E402
+
+
+def _warm_runtime():
+    jax.block_until_ready(jnp.zeros(3) + 1)  # backend start-up, not folding
+
+
+def fold_time(spec: dict) -> dict:
+    """Seconds from creating the specialized function to its first result."""
+    N, K, variant = spec["N"], spec["K"], spec["variant"]
+    f, known = programs.chain(K)
+    A = np.random.default_rng(0).standard_normal((N, N)).astype(np.float32)
+    x = np.float32(1.0)
+    _warm_runtime()
+    start = time.perf_counter()
+    if variant == "one_program":
+        # the known part as one compiled program, then the residual
+        k = jax.jit(known)(A)
+        out = jax.jit(lambda k, x: k + x)(k, x)
+    elif variant == "tfc":
+        from tfc.utils import pejit as tfc_pejit
+
+        out = tfc_pejit(A, x, constant_arg_nums=[0])(f)(x)
+    else:
+        from pejit import FoldOptions, pejit
+
+        backend = {"pejit": "auto", "pejit_eager": "eager", "pejit_compiled": "compiled"}[variant]
+        out = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend=backend))(A, x)
+    jax.block_until_ready(out)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "checksum": float(np.asarray(out, np.float64).sum())}
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak_rss() -> int:
+    """Reset the peak-RSS mark (Linux) and return the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS")
+
+
+def compile_memory(spec: dict) -> dict:
+    """Fold ``cos(A)`` (n x n): fold, compile, and peak-memory figures."""
+    n, variant = spec["n"], spec["variant"]
+    A = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    x = np.ones(n, np.float32)
+    if variant != "tfc":
+        # a device array: pejit keys NumPy constants by a SHA-1 of their
+        # content, which is not what this case measures
+        A = jax.block_until_ready(jnp.asarray(A))
+    _warm_runtime()
+    before = _reset_peak_rss()
+    start = time.perf_counter()
+    if variant == "tfc":
+        from tfc.utils import pejit as tfc_pejit
+
+        g = tfc_pejit(A, x, constant_arg_nums=[0])(programs.cos_matvec)
+        folded = time.perf_counter()
+        lowered = g.lower(x)
+        lowered_t = time.perf_counter()
+        compiled = lowered.compile()
+        done = time.perf_counter()
+        out = compiled(x)
+    else:
+        from pejit import pejit
+
+        g = pejit(A, x, constant_arg_nums=[0])(programs.cos_matvec)
+        folded = time.perf_counter()
+        lowered = g.lower(x)
+        lowered_t = time.perf_counter()
+        compiled = lowered.compile()
+        done = time.perf_counter()
+        out = compiled(x)
+    jax.block_until_ready(out)
+    peak = _status_bytes("VmHWM")
+    return {
+        "fold_s": folded - start,
+        "lower_s": lowered_t - folded,
+        "compile_s": done - folded,
+        "peak_increase_bytes": peak - before,
+        "folded_bytes": n * n * 4,
+    }
+
+
+if __name__ == "__main__":
+    worker_main({"fold_time": fold_time, "compile_memory": compile_memory})

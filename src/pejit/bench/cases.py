@@ -1,0 +1,292 @@
+"""The six cases of the suite and its targets.
+
+Steady-state figures are medians of interleaved samples taken in this
+process (the machines are noisy, so every ratio is measured side by side);
+fold time, compile time and memory are measured in fresh processes (see
+``_worker``); TFC always runs in a process of its own (see ``_tfc``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pejit import pejit
+
+from . import programs
+from ._common import interleaved, run_worker
+
+
+@dataclasses.dataclass
+class Context:
+    quick: bool
+    tfc_python: str | None
+    cold_repeat: int | None = None
+
+    @property
+    def min_seconds(self) -> float:
+        return 0.02 if self.quick else 0.05
+
+    @property
+    def repeat(self) -> int:
+        return 5 if self.quick else 9
+
+    def tfc(self, module: str, spec: dict) -> dict | None:
+        """Run a TFC measurement, or ``None`` without TFC (or when it fails)."""
+        if self.tfc_python is None:
+            return None
+        try:
+            return run_worker(self.tfc_python, module, spec)
+        except Exception as e:  # report n/a, keep the suite going
+            print(f"  TFC {spec['case']}: {e}".splitlines()[0], file=sys.stderr)
+            return {"error": str(e)[-300:]}
+
+    def cold(self, spec: dict) -> dict:
+        return run_worker(sys.executable, "pejit.bench._worker", spec)
+
+
+def _max_error(fns: dict, ref: str) -> dict[str, float]:
+    """Max abs difference from ``ref``'s result, relative to its largest entry."""
+    want = np.asarray(fns[ref](), np.float64)
+    scale = float(np.max(np.abs(want))) or 1.0
+    return {k: float(np.max(np.abs(np.asarray(fn(), np.float64) - want))) / scale for k, fn in fns.items()}
+
+
+def _steady(ctx: Context, fns: dict, heavy: tuple[str, ...]) -> dict[str, float]:
+    """Interleaved medians; the slow variants are sampled in a block of their own."""
+    light = {k: f for k, f in fns.items() if k not in heavy}
+    times = interleaved(light, min_seconds=ctx.min_seconds, repeat=ctx.repeat)
+    times.update(interleaved({k: fns[k] for k in heavy}, min_seconds=ctx.min_seconds, repeat=1 if ctx.quick else 3))
+    return times
+
+
+def case1(ctx: Context) -> dict:
+    """linsolve: inv(A) @ x + cholesky(A @ A.T) @ x, A constant (n = 1000, float32)."""
+    n = 1000
+    A, x = programs.linsolve_data(n)
+    A, x = jnp.asarray(A), jnp.asarray(x)
+    closed = jax.jit(lambda x: programs.linsolve(A, x))
+    jit_args = jax.jit(programs.linsolve)
+    pj = pejit(programs.linsolve, constant_argnums=0)
+    Ainv, L = jax.block_until_ready((jnp.linalg.inv(A), jnp.linalg.cholesky(A @ A.T)))
+    hand = jax.jit(programs.linsolve_folded)
+    fns = {
+        "jit_args": lambda: jit_args(A, x),
+        "jit_closed": lambda: closed(x),
+        "pejit": lambda: pj(A, x),
+        "hand": lambda: hand(Ainv, L, x),
+    }
+    errors = _max_error(fns, "hand")
+    times = _steady(ctx, fns, heavy=("jit_args", "jit_closed"))
+    tfc = ctx.tfc("pejit.bench._tfc", {"case": "linsolve", "n": n, "min_seconds": ctx.min_seconds, "repeat": ctx.repeat})
+    times["tfc"] = (tfc or {}).get("tfc")
+    return {"times": times, "max_abs_error": errors, "tfc_error": (tfc or {}).get("error")}
+
+
+def case2(ctx: Context) -> dict:
+    """basis: TFC-style least-squares residual on a Chebyshev basis of constant points."""
+    points, degree = 4096, 64
+    x, xi = programs.basis_data(points, degree)
+    x, xi = jnp.asarray(x), jnp.asarray(xi)
+
+    def residual(x, xi):
+        return programs.basis_residual(x, xi, degree)
+
+    jit_args = jax.jit(residual)
+    closed = jax.jit(lambda xi: residual(x, xi))
+    pj = pejit(residual, constant_argnums=0)
+    K, rhs = programs.basis_fold_by_hand(x, degree)
+    hand = jax.jit(programs.basis_residual_folded)
+    fns = {
+        "jit_args": lambda: jit_args(x, xi),
+        "jit_closed": lambda: closed(xi),
+        "pejit": lambda: pj(x, xi),
+        "hand": lambda: hand(K, rhs, xi),
+    }
+    errors = _max_error(fns, "hand")
+    times = _steady(ctx, fns, heavy=("jit_args",))
+    spec = {"points": points, "degree": degree, "min_seconds": ctx.min_seconds, "repeat": ctx.repeat}
+    tfc = ctx.tfc("pejit.bench._tfc", {"case": "basis", **spec})
+    times["tfc"] = (tfc or {}).get("tfc")
+    utfc = ctx.tfc("pejit.bench._tfc", {"case": "basis_utfc", **spec})
+    return {"times": times, "max_abs_error": errors, "utfc": utfc, "points": points, "degree": degree}
+
+
+def case3(ctx: Context) -> dict:
+    """PLN (seed 003): Poisson log-normal fit, n = 11600, p = 114, d = 1, Adam."""
+    iterations = 20 if ctx.quick else 1000
+    Y, O, X = programs.pln_data()
+    Y, O, X = jnp.asarray(Y), jnp.asarray(O), jnp.asarray(X)
+    state0 = programs.pln_init(Y, X)
+    stirling = jax.block_until_ready(jnp.sum(programs.log_stirling(Y)))
+
+    jit_step = jax.jit(programs.pln_step)
+    pejit_step = pejit(programs.pln_step, constant_argnums=(1, 2, 3))
+    hand_step = jax.jit(programs.pln_step_folded)
+    steps = {
+        "jit_step": lambda s: jit_step(s, Y, O, X),
+        "pejit_step": lambda s: pejit_step(s, Y, O, X),
+        "hand_step": lambda s: hand_step(s, Y, O, X, stirling),
+    }
+    jit_scan = jax.jit(programs.pln_fit, static_argnums=4)
+    pejit_scan = pejit(programs.pln_fit, constant_argnums=(1, 2, 3), static_argnums=4)
+    hand_scan = jax.jit(programs.pln_fit_folded, static_argnums=5)
+    scans = {
+        "jit_scan": lambda: jit_scan(state0, Y, O, X, iterations),
+        "pejit_scan": lambda: pejit_scan(state0, Y, O, X, iterations),
+        "hand_scan": lambda: hand_scan(state0, Y, O, X, stirling, iterations),
+    }
+    # Per-step variants: run the fit step by step, all variants in lockstep,
+    # timing each step (interleaved, so noise hits all of them alike).
+    import time
+
+    states = {k: state0 for k in steps}
+    for k, step in steps.items():
+        jax.block_until_ready(step(state0))  # compile
+    elbo = {k: [] for k in steps}
+    step_times = {k: [] for k in steps}
+    for _ in range(iterations):
+        for k, step in steps.items():
+            start = time.perf_counter()
+            states[k], loss = step(states[k])
+            jax.block_until_ready(loss)
+            step_times[k].append(time.perf_counter() - start)
+            elbo[k].append(float(loss))
+    times = {k: statistics.median(v) for k, v in step_times.items()}
+    for k, fn in scans.items():
+        jax.block_until_ready(fn())  # compile
+    scan_samples = {k: [] for k in scans}
+    for _ in range(3 if ctx.quick else 2):
+        for k, fn in scans.items():
+            start = time.perf_counter()
+            out = jax.block_until_ready(fn())
+            scan_samples[k].append((time.perf_counter() - start) / iterations)
+            elbo[k] = [float(v) for v in np.asarray(out)]
+    times.update({k: statistics.median(v) for k, v in scan_samples.items()})
+    ref = np.asarray(elbo["jit_step"], np.float64)
+    agreement = {k: float(np.max(np.abs(np.asarray(v) - ref) / np.abs(ref))) for k, v in elbo.items()}
+    spec = {"n": Y.shape[0], "p": Y.shape[1], "min_seconds": ctx.min_seconds, "repeat": 3}
+    tfc = ctx.tfc("pejit.bench._tfc", {"case": "pln", **spec})
+    times["tfc_step"] = (tfc or {}).get("tfc")
+    return {
+        "times": times, "iterations": iterations, "elbo_max_rel_diff": agreement,
+        "elbo": {k: v for k, v in elbo.items() if k in ("jit_step", "pejit_step", "pejit_scan")},
+        "tfc_error": (tfc or {}).get("error"),
+    }
+
+
+FOLD_GRID = ((256, 1000), (2048, 50), (2048, 200))
+
+
+def case4(ctx: Context) -> dict:
+    """fold time: chains of K elementwise ops on an N x N constant, to the first result."""
+    variants = ["pejit", "one_program", "tfc"]
+    if not ctx.quick:
+        variants += ["pejit_eager", "pejit_compiled"]
+    repeat = ctx.cold_repeat or (1 if ctx.quick else 3)
+    out: dict[str, Any] = {}
+    for N, K in FOLD_GRID:
+        samples: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(repeat):
+            for v in variants:
+                spec = {"case": "fold_time", "N": N, "K": K, "variant": v}
+                if v == "tfc":
+                    r = ctx.tfc("pejit.bench._worker", spec)
+                    if r and "seconds" in r:
+                        samples[v].append(r["seconds"])
+                else:
+                    samples[v].append(ctx.cold(spec)["seconds"])
+        out[f"{N}x{K}"] = {v: (statistics.median(s) if s else None) for v, s in samples.items()}
+        print(f"  N={N} K={K}: " + ", ".join(f"{v} {_s(t)}" for v, t in out[f'{N}x{K}'].items()), flush=True)
+    return {"fold_seconds": out, "repeat": repeat}
+
+
+def case5(ctx: Context) -> dict:
+    """compile time and peak memory vs folded constant size: cos(A) @ x, A n x n."""
+    out = {}
+    for n in (256, 2048, 8192):
+        row = {"pejit": ctx.cold({"case": "compile_memory", "n": n, "variant": "pejit"})}
+        if not ctx.quick or n < 8192:
+            row["tfc"] = ctx.tfc("pejit.bench._worker", {"case": "compile_memory", "n": n, "variant": "tfc"})
+        out[n] = row
+        print(f"  n={n}: pejit compile {_s(row['pejit']['compile_s'])}, "
+              f"peak +{row['pejit']['peak_increase_bytes'] / 2**20:.0f} MiB", flush=True)
+    return {"sizes": out}
+
+
+def case6(ctx: Context) -> dict:
+    """dispatch: per-call overhead of the call-time form on tiny inputs."""
+    c, x = jnp.ones(3), jnp.arange(3.0)
+    jitted = jax.jit(programs.tiny)
+    pj = pejit(programs.tiny, constant_argnums=0)
+    bound = pejit(c, x, constant_arg_nums=[0])(programs.tiny)
+    fns = {"jax.jit": lambda: jitted(c, x), "pejit": lambda: pj(c, x), "pejit_tfc_form": lambda: bound(x)}
+    times = interleaved(fns, min_seconds=ctx.min_seconds, repeat=ctx.repeat)
+    return {"times": times}
+
+
+CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6}
+
+
+@dataclasses.dataclass
+class Target:
+    name: str
+    passed: bool | None  # None: could not be measured
+    detail: str
+
+
+def _s(t) -> str:
+    if t is None:
+        return "n/a"
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def targets(results: dict) -> list[Target]:
+    out = []
+    for number, key, hand in ((1, "pejit", "hand"), (2, "pejit", "hand"), (3, "pejit_step", "hand_step"), (3, "pejit_scan", "hand_scan")):
+        if number in results:
+            t = results[number]["times"]
+            r = t[key] / t[hand]
+            out.append(Target(
+                f"case {number}: {key} / hand-folded <= 1.05", r <= 1.05,
+                f"{_s(t[key])} / {_s(t[hand])} = {r:.3f}",
+            ))
+    if 1 in results:
+        t = results[1]["times"]
+        r = t["jit_closed"] / t["pejit"]
+        out.append(Target("case 1: pejit >= 100x faster than closed-over jax.jit", r >= 100,
+                          f"{_s(t['jit_closed'])} / {_s(t['pejit'])} = {r:.0f}x"))
+    if 3 in results:
+        worst = max(results[3]["elbo_max_rel_diff"].values())
+        out.append(Target("case 3: ELBO trajectories agree (max relative difference <= 1e-4)", worst <= 1e-4,
+                          f"max relative difference {worst:.2e}"))
+    if 4 in results:
+        for point, row in results[4]["fold_seconds"].items():
+            rivals = [row[k] for k in ("tfc", "one_program") if row.get(k) is not None]
+            best = min(rivals)
+            r = row["pejit"] / best
+            note = "" if row.get("tfc") is not None else " (TFC n/a)"
+            out.append(Target(f"case 4 {point}: fold time <= 0.7 x min(TFC, one program)", r <= 0.7,
+                              f"{_s(row['pejit'])} vs {_s(best)} = {r:.2f}{note}"))
+    if 5 in results:
+        sizes = results[5]["sizes"]
+        small, big = sizes[256]["pejit"]["compile_s"], sizes[8192]["pejit"]["compile_s"]
+        out.append(Target("case 5: compile time at n=8192 <= 1.5x that at n=256", big <= 1.5 * small,
+                          f"{_s(big)} / {_s(small)} = {big / small:.2f}"))
+        big = sizes[8192]["pejit"]
+        r = big["peak_increase_bytes"] / big["folded_bytes"]
+        out.append(Target("case 5: peak RSS of a specialization <= 2x the folded bytes (n=8192)", r <= 2,
+                          f"+{big['peak_increase_bytes'] / 2**20:.0f} MiB for {big['folded_bytes'] / 2**20:.0f} MiB"
+                          f" folded = {r:.2f}"))
+    if 6 in results:
+        t = results[6]["times"]
+        r = t["pejit"] / t["jax.jit"]
+        out.append(Target("case 6: dispatch overhead <= 1.3x jax.jit's", r <= 1.3,
+                          f"{t['pejit'] * 1e6:.1f} us / {t['jax.jit'] * 1e6:.1f} us = {r:.2f}"))
+    return out

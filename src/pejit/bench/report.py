@@ -1,0 +1,214 @@
+"""RESULTS.md and plots."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+import jax
+import jaxlib
+import numpy as np
+
+from .cases import Context, Target, _s
+
+NAMES = {
+    "jit_args": "jax.jit, constants as arguments",
+    "jit_closed": "jax.jit, constants closed over",
+    "tfc": "TFC pejit",
+    "pejit": "pejit",
+    "hand": "hand-folded",
+}
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+    return f"{platform.node()}: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; devices: {devices}"
+
+
+def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Target], errors: dict,
+          plots: bool = True) -> None:
+    lines = [
+        "# pejit benchmark results",
+        "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {_machine()}",
+        f"- JAX {jax.__version__}, jaxlib {jaxlib.__version__}, backend {jax.default_backend()}",
+        f"- mode: {'quick' if ctx.quick else 'full'}; TFC: {ctx.tfc_python or 'not installed (n/a)'}",
+        f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`",
+        f"- load average when written (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        " (the machine is shared; ratios are measured side by side for that reason)",
+        "- command: `python -m pejit.bench" + (" --quick" if ctx.quick else "") + "`",
+        "",
+        "Steady-state times are medians of interleaved samples in one process;",
+        "fold, compile and memory figures come from a fresh process per sample;",
+        "TFC runs in its own process (it turns on 64-bit mode globally).",
+        "",
+        "## Targets",
+        "",
+    ]
+    for t in targets:
+        mark = "PASS" if t.passed else "FAIL" if t.passed is not None else "n/a"
+        lines.append(f"- **{mark}** {t.name}: {t.detail}")
+    lines.append("")
+    for number, res in results.items():
+        lines += SECTIONS[number](res)
+        lines.append("")
+    for number, error in errors.items():
+        lines += [f"## Case {number}: failed", "", "```", error.strip()[-3000:], "```", ""]
+    (out / name).write_text("\n".join(lines))
+    if not plots:
+        return
+    try:
+        _plots(out, Path(name).stem, results)
+    except ImportError:
+        print("matplotlib not installed: no plots (pip install pejit[bench])")
+
+
+def _times_table(times: dict, ref: str) -> list[str]:
+    rows = ["| variant | time per call | / " + NAMES.get(ref, ref) + " |", "|---|---|---|"]
+    for k, t in times.items():
+        ratio = f"{t / times[ref]:.3f}" if t is not None and times.get(ref) else "n/a"
+        rows.append(f"| {NAMES.get(k, k)} | {_s(t)} | {ratio} |")
+    return rows
+
+
+def _case1(r):
+    return ["## Case 1: linsolve (n = 1000, float32)", "", *_times_table(r["times"], "hand"), "",
+            f"Max abs difference from hand-folded, relative to its largest entry: {r['max_abs_error']}"]
+
+
+def _case2(r):
+    lines = [f"## Case 2: basis (Chebyshev, {r['points']} points, degree {r['degree']})", "",
+             *_times_table(r["times"], "hand"), "", f"Max abs difference from hand-folded, relative to its largest entry: {r['max_abs_error']}"]
+    u = r.get("utfc")
+    if u and "times" in u:
+        lines += ["", "TFC's `utfc` basis (in the TFC process, 64-bit mode on):", "",
+                  *_times_table(u["times"], "hand"), "", f"Max abs difference: {u['max_abs_error']}"]
+    else:
+        lines += ["", f"TFC's `utfc` basis: n/a {u.get('error', '') if u else ''}"]
+    return lines
+
+
+def _case3(r):
+    t = r["times"]
+    lines = [f"## Case 3: PLN (n = 11600, p = 114, d = 1, {r['iterations']} iterations, Adam)", "",
+             "| variant | time per iteration |", "|---|---|"]
+    lines += [f"| {k} | {_s(v)} |" for k, v in t.items()]
+    lines += ["", f"pejit_step / hand_step = {t['pejit_step'] / t['hand_step']:.3f}; "
+              f"pejit_scan / hand_scan = {t['pejit_scan'] / t['hand_scan']:.3f}; "
+              f"jit_step / pejit_step = {t['jit_step'] / t['pejit_step']:.3f}", "",
+              f"ELBO trajectories, max relative difference from jit_step: {r['elbo_max_rel_diff']}"]
+    if r.get("tfc_error"):
+        lines += ["", f"TFC pejit: n/a ({r['tfc_error']})"]
+    return lines
+
+
+def _case4(r):
+    rows = r["fold_seconds"]
+    variants = list(next(iter(rows.values())))
+    lines = [f"## Case 4: fold time (seconds to first result, median of {r['repeat']} fresh processes)", "",
+             "Chain: sin, *1.0001, +0.5, cos, repeated; then `+ x` with `x` dynamic.", "",
+             "| N x K | " + " | ".join(variants) + " | pejit / min(TFC, one program) |",
+             "|---|" + "---|" * (len(variants) + 1)]
+    for point, row in rows.items():
+        best = min(v for k, v in row.items() if k in ("tfc", "one_program") and v is not None)
+        lines.append(f"| {point} | " + " | ".join(_s(row[v]) for v in variants) + f" | {row['pejit'] / best:.2f} |")
+    return lines
+
+
+def _case5(r):
+    lines = ["## Case 5: compile time and peak memory vs folded size (`cos(A) @ x`)", "",
+             "Compile = lower + compile of the residual program; fold = from `pejit(...)` to the folded constants.", "",
+             "| n | folded | pejit fold | pejit compile | pejit peak RSS increase | TFC fold | TFC compile | TFC peak RSS increase |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, row in r["sizes"].items():
+        p, t = row["pejit"], row.get("tfc") or {}
+        mib = lambda b: f"{b / 2**20:.0f} MiB" if b is not None else "n/a"  # noqa: E731
+        lines.append(f"| {n} | {mib(p['folded_bytes'])} | {_s(p['fold_s'])} | {_s(p['compile_s'])} | "
+                     f"{mib(p['peak_increase_bytes'])} | {_s(t.get('fold_s'))} | {_s(t.get('compile_s'))} | "
+                     f"{mib(t.get('peak_increase_bytes'))} |")
+    return lines
+
+
+def _case6(r):
+    t = r["times"]
+    rows = ["## Case 6: dispatch on tiny inputs", "", "| variant | per call | / jax.jit |", "|---|---|---|"]
+    rows += [f"| {k} | {v * 1e6:.1f} us | {v / t['jax.jit']:.2f} |" for k, v in t.items()]
+    return rows
+
+
+SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6}
+
+
+def _plots(out: Path, stem: str, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steady = [(n, results[n]["times"]) for n in (1, 2) if n in results]
+    if steady:
+        fig, axes = plt.subplots(1, len(steady), figsize=(5 * len(steady), 3.5))
+        for ax, (n, times) in zip(np.atleast_1d(axes), steady):
+            names = [k for k, v in times.items() if v is not None]
+            ax.barh([NAMES.get(k, k) for k in names], [times[k] * 1e3 for k in names])
+            ax.set_xscale("log")
+            ax.set_xlabel("ms per call (log)")
+            ax.set_title(f"case {n}")
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}-steady.png", dpi=100)
+        plt.close(fig)
+    if 3 in results:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for k, v in results[3]["elbo"].items():
+            ax.plot(v, label=k)
+        ax.set_yscale("log")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("negative ELBO")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}-pln.png", dpi=100)
+        plt.close(fig)
+    if 4 in results:
+        rows = results[4]["fold_seconds"]
+        variants = list(next(iter(rows.values())))
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        width = 0.8 / len(variants)
+        for i, v in enumerate(variants):
+            ax.bar([j + i * width for j in range(len(rows))], [rows[p][v] or 0 for p in rows], width, label=v)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], list(rows))
+        ax.set_ylabel("seconds to first result")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}-fold.png", dpi=100)
+        plt.close(fig)
+    if 5 in results:
+        sizes = results[5]["sizes"]
+        ns = list(sizes)
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+        for who in ("pejit", "tfc"):
+            pts = [(n, sizes[n].get(who)) for n in ns if sizes[n].get(who) and "compile_s" in sizes[n][who]]
+            if pts:
+                a1.plot([n for n, _ in pts], [p["compile_s"] for _, p in pts], "o-", label=who)
+                a2.plot([n for n, _ in pts], [p["peak_increase_bytes"] / 2**20 for _, p in pts], "o-", label=who)
+        a2.plot(ns, [2 * sizes[n]["pejit"]["folded_bytes"] / 2**20 for n in ns], "k--", label="2x folded")
+        for a, lab in ((a1, "compile seconds"), (a2, "peak RSS increase (MiB)")):
+            a.set_xscale("log")
+            a.set_yscale("log")
+            a.set_xlabel("n")
+            a.set_ylabel(lab)
+            a.legend()
+        fig.tight_layout()
+        fig.savefig(out / f"{stem}-compile.png", dpi=100)
+        plt.close(fig)
+
+
+

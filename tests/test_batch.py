@@ -1,0 +1,170 @@
+"""The folding back end: batches of known work, op by op or compiled.
+
+Values must not depend on the back end; the tests of choices check the
+structure of the plan (which segments, which back end), never times.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import Primitive
+
+from pejit import FoldOptions, pe, pejit
+from pejit import _batch, _compat
+from pejit._folding import Folder
+
+BACKENDS = ["auto", "eager", "compiled"]
+
+
+def plan(fun, *dyn_avals, backend="auto"):
+    """Fold ``fun`` (of the dynamic arguments only); return its batch log and residual."""
+    folder = Folder(FoldOptions(backend=backend))
+    jaxpr, consts = _compat.trace_staging(lambda *d: [fun(*d)], list(dyn_avals), folder)
+    jaxpr, consts = folder.finalize(jaxpr, consts)
+    return folder.stats.batches, jaxpr
+
+
+def scalar():
+    return jax.core.ShapedArray((), jnp.float32)
+
+
+def chain(a, k, ops):
+    for i in range(k):
+        a = ops[i % len(ops)](a)
+    return a
+
+
+ARITH = (lambda a: a * 1.5, lambda a: a + 0.5, lambda a: jnp.maximum(a, 0.1), lambda a: -a)
+TRIG = (jnp.sin, lambda a: a * 1.0001, lambda a: a + 0.5, jnp.cos)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_values_do_not_depend_on_backend(backend):
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((40, 40)).astype(np.float32) + 40 * np.eye(40, dtype=np.float32)
+    x = rng.standard_normal(40).astype(np.float32)
+
+    def f(A, x):
+        B = chain(A, 12, TRIG + ARITH)
+        L = jnp.linalg.cholesky(A @ A.T)
+        w, v = jnp.linalg.eigh(A + A.T)  # multiple results
+        return jnp.linalg.inv(A) @ x + L @ x + B @ x + (v * w) @ x
+
+    g = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend=backend))
+    np.testing.assert_allclose(g(A, x), jax.jit(f)(A, x), rtol=2e-4, atol=2e-4)
+    assert set(g.report(A, x).residual) <= {"dot_general", "add"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_python_control_flow_materializes_mid_trace(backend):
+    A = np.linspace(-1, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+
+    def f(A, x):
+        B = chain(A, 6, ARITH)
+        if B.sum() > 0:  # Python asks: the batch so far is evaluated
+            B = B * 2
+        C = jnp.sin(B)[B > 0.2]  # data-dependent shape on a known value
+        return C.sum() + chain(B, 4, ARITH).sum() * x
+
+    x = np.float32(0.5)
+    g = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend=backend))
+    want = f(jnp.asarray(A), x)
+    np.testing.assert_allclose(g(A, x), want, rtol=1e-5)
+    batches, _ = plan(lambda x: f(A, x), scalar(), backend=backend)
+    assert len({b.batch for b in batches}) >= 3  # the sum, the mask, the residual's constants
+
+
+def test_many_small_ops_run_eagerly():
+    A = np.ones((32, 32), np.float32)
+    batches, _ = plan(lambda x: chain(jnp.asarray(A), 200, TRIG) + x, scalar())
+    assert [b.backend for b in batches] == ["eager"]
+    assert batches[0].equations >= 200
+
+
+def test_cheap_ops_on_large_arrays_are_compiled():
+    A = jnp.ones((2048, 2048), np.float32)
+    batches, _ = plan(lambda x: chain(A, 40, ARITH) + x, scalar())
+    assert [b.backend for b in batches] == ["compiled"]
+    assert batches[0].equations == 40
+
+
+def test_transcendentals_split_compiled_runs():
+    # XLA:CPU's sin/cos are faster standalone: they run eagerly, and the
+    # short arithmetic runs between them do not pay for a compilation.
+    A = jnp.ones((1024, 1024), np.float32)
+    batches, _ = plan(lambda x: chain(A, 40, TRIG) + x, scalar())
+    assert {b.backend for b in batches} == {"eager"}
+    assert sum(b.equations for b in batches) == 40
+
+
+def test_forced_backends():
+    A = jnp.ones((8, 8), np.float32)
+    f = lambda x: chain(A, 10, TRIG) + x  # noqa: E731
+    assert [b.backend for b in plan(f, scalar(), backend="compiled")[0]] == ["compiled"]
+    assert [b.backend for b in plan(f, scalar(), backend="eager")[0]] == ["eager"]
+
+
+# A primitive with an impl and no lowering, which counts its evaluations.
+calls = []
+counted_p = Primitive("counted_double")
+counted_p.def_impl(lambda x: calls.append(1) or np.asarray(x) * 2)
+counted_p.def_abstract_eval(lambda x: x)
+
+
+def test_unlowerable_primitives_run_eagerly_even_when_compiling_is_forced():
+    A = jnp.arange(256.0).reshape(16, 16)
+    calls.clear()
+    f = lambda A, x: counted_p.bind(jnp.sin(A) + 1) @ x  # noqa: E731
+    g = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend="compiled"))
+    x = jnp.ones(16)
+    np.testing.assert_allclose(g(A, x), (2 * (np.sin(np.asarray(A)) + 1)) @ np.ones(16), rtol=1e-5)
+    assert calls == [1]
+    batches, _ = plan(lambda x: f(A, x), jax.core.ShapedArray((16,), jnp.float32), backend="compiled")
+    assert [b.backend for b in batches] == ["eager"]
+
+
+def test_dead_known_work_is_never_evaluated():
+    A = jnp.arange(256.0).reshape(16, 16)
+    calls.clear()
+
+    def f(A, x):
+        counted_p.bind(A)  # result unused
+        return A @ x
+
+    pe(A, jnp.ones(16), constant_arg_nums=[0])(f)
+    assert calls == []
+
+
+def test_custom_jvp_functions_on_constants_fold():
+    A = jnp.linspace(-1, 1, 64).reshape(8, 8)
+    f = lambda A, x: jax.nn.relu(jax.nn.softplus(A) - 0.7) @ x  # noqa: E731
+    g = pejit(f, constant_argnums=0)
+    x = jnp.ones(8)
+    np.testing.assert_allclose(g(A, x), f(A, x), rtol=1e-6)
+    assert dict(g.report(A, x).residual) == {"dot_general": 1}
+    # gradients with respect to the dynamic argument still work
+    np.testing.assert_allclose(jax.grad(lambda x: g(A, x).sum())(x), jax.grad(lambda x: f(A, x).sum())(x), rtol=1e-6)
+
+
+def test_compiled_programs_are_reused_across_specializations():
+    f = lambda A, x: chain(A, 30, ARITH) + x  # noqa: E731
+    g = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend="compiled"))
+    x = jnp.float32(1.0)
+    g(jnp.ones((16, 16)), x)
+    programs = dict(_batch._programs)
+    np.testing.assert_allclose(g(jnp.zeros((16, 16)), x), f(jnp.zeros((16, 16)), x), rtol=1e-6)
+    assert _batch._programs == programs  # same structure, same program
+
+
+def test_lazy_expansions_still_stay_in_the_residual():
+    c = jnp.float32(3.0)
+    g = pe(c, jnp.ones((512, 512)), constant_arg_nums=[0])(lambda c, x: jnp.ones((512, 512)) * c + x)
+    report = g.specialize(jnp.ones((512, 512))).report
+    assert report.folded_bytes < 1024
+    np.testing.assert_allclose(g(jnp.ones((512, 512))), 4.0)
+
+
+def test_bad_backend_names_the_option():
+    with pytest.raises(ValueError, match="backend"):
+        FoldOptions(backend="fast")
