@@ -168,3 +168,21 @@ def test_lazy_expansions_still_stay_in_the_residual():
 def test_bad_backend_names_the_option():
     with pytest.raises(ValueError, match="backend"):
         FoldOptions(backend="fast")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_on_abstract_constants(backend):
+    # The cache folds through a value-independent program traced with the
+    # constants abstract: batches then read tracers of that outer trace and
+    # are staged into it, whatever the back end.
+    def f(A, x):
+        B = chain(A, 6, TRIG + ARITH)
+        return jnp.linalg.inv(B + 40 * jnp.eye(40)) @ x + jnp.broadcast_to(A.sum(), (40, 40)) @ x
+
+    traces = []
+    g = pejit(lambda A, x: traces.append(1) or f(A, x), constant_argnums=0, fold_options=FoldOptions(backend=backend))
+    x = np.ones(40, np.float32)
+    for seed in range(3):  # the second value compiles the folding program
+        A = np.random.default_rng(seed).standard_normal((40, 40)).astype(np.float32)
+        np.testing.assert_allclose(g(A, x), jax.jit(f)(A, x), rtol=2e-4, atol=2e-4)
+    assert len(traces) == 1  # one abstract trace, no per-value fallback
