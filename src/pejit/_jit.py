@@ -156,7 +156,11 @@ class Pejitted:
             tuple((k, constant_key(f"argument {k!r}", v)) for k, v in const_kw),
         )
         leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
-        avals = tuple(_dynamic_aval(leaf, abstract_ok) for leaf in leaves)
+        try:
+            avals = tuple(_dynamic_aval(leaf, abstract_ok) for leaf in leaves)
+        except _NotAnArray:
+            raise TypeError(_not_an_array_message(args, kwargs, self._fixed_positions(len(args)),
+                                                  self._fixed_names, abstract_ok)) from None
         key = (key_consts, len(args), in_tree, avals)
         spec = self._cache.get(key)
         if spec is None:
@@ -371,17 +375,35 @@ def _merge(const_pos: tuple, dyn_args: Sequence) -> list:
     return out
 
 
+class _NotAnArray(TypeError):
+    """A dynamic leaf that JAX cannot trace; reported with its argument's name."""
+
+
 def _dynamic_aval(leaf, abstract_ok: bool):
     if abstract_ok and isinstance(leaf, jax.ShapeDtypeStruct):
         return jax.core.ShapedArray(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
     try:
         return jax.typeof(leaf)
     except TypeError:
-        raise TypeError(
-            f"pejit: a dynamic argument has a leaf of type {type(leaf).__name__}, "
-            "which is not a JAX array type; mark the argument constant (or static) "
-            "to pass non-array values"
-        ) from None
+        raise _NotAnArray from None
+
+
+def _not_an_array_message(args, kwargs, fixed_nums, fixed_names, abstract_ok: bool) -> str:
+    """Name the dynamic argument (and the leaf in it) that is not an array."""
+    named = [(f"argument {i}", a) for i, a in enumerate(args) if i not in fixed_nums]
+    named += [(f"argument {k!r}", v) for k, v in kwargs.items() if k not in fixed_names]
+    for what, value in named:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                _dynamic_aval(leaf, abstract_ok)
+            except _NotAnArray:
+                where = f"{what}{jax.tree_util.keystr(path)}"
+                return (
+                    f"pejit: {where} is dynamic but has a leaf of type {type(leaf).__name__}, "
+                    "which is not a JAX array type; mark the argument constant (or static) "
+                    "to pass non-array values"
+                )
+    return "pejit: a dynamic argument has a leaf that is not a JAX array type"
 
 
 def _positional_only(fun: Callable, n: int) -> Callable:
