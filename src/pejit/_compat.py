@@ -26,6 +26,7 @@ here. What we use, and why no public API does the job:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,11 @@ from jax._src import core
 from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as _pe
+
+try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
+    from jax.extend.core.primitives import jit_p
+except ImportError:  # JAX 0.6: only internal, named pjit_p
+    from jax._src.pjit import pjit_p as jit_p
 
 Tracer = core.Tracer
 Literal = core.Literal
@@ -60,10 +66,18 @@ def eager_constant_folding(enabled: bool):
     return _config.eager_constant_folding(enabled)
 
 
-def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-    """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
-    avals = tuple(core.typeof(x) for x in args)
-    return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
+if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.8
+
+    def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
+        avals = tuple(core.typeof(x) for x in args)
+        return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
+
+else:
+
+    def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
+        return prim.bind_with_trace(core.eval_trace, tuple(args), params)
 
 
 def primitive_effects(prim, avals: Sequence[Any], params: dict):
@@ -129,7 +143,6 @@ def trace_staging(
     ``partial_eval.trace_to_jaxpr_dynamic``.
     """
     dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
-    dbg = dbg._replace(result_paths=None)
     wrapped = lu.wrap_init(fun, debug_info=dbg)
     trace = StagingTrace(dbg, core.trace_ctx.trace, policy)
     with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
@@ -138,6 +151,9 @@ def trace_staging(
         with core.set_current_trace(trace), _config.eager_constant_folding(True):
             ans = wrapped.call_wrapped(*in_tracers)
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
+        # Name the outputs now that we know how many there are (JAX < 0.8
+        # requires resolved result paths here).
+        dbg = dbg._replace(result_paths=tuple(f"result[{i}]" for i in range(len(out_tracers))))
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
         del trace, in_tracers, out_tracers, ans
     return jaxpr, list(consts)

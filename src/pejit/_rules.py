@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from jax.extend.core import primitives as P
 
+from . import _compat
 from ._folding import Folder, register_fold_rule, replay
 
 
@@ -26,7 +27,7 @@ def _cond(folder: Folder, trace, prim, args, params):
     return replay(trace, branches[i], operands)
 
 
-@register_fold_rule(P.jit_p)
+@register_fold_rule(_compat.jit_p)
 def _jit(folder: Folder, trace, prim, args, params):
     """Specialize through a nested ``jax.jit`` that has some known inputs.
 
