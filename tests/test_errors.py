@@ -257,3 +257,23 @@ def test_fold_options_off_does_not_change_results():
     want = jax.jit(fun)(X, y)
     for opts in [FoldOptions(), FoldOptions(branches=False, calls=False, loops=False, rematerialize=False)]:
         np.testing.assert_allclose(pejit(fun, constant_argnums=0, fold_options=opts)(X, y), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("out", [
+    lambda s, a: (s * 2.0, a),  # Python float computed from a constant
+    lambda s, a: (s, a),  # a constant returned unchanged
+    lambda s, a: (np.ones(2) * s, a),  # NumPy array
+    lambda s, a: (np.float32(s), a),  # NumPy scalar
+])
+def test_python_and_numpy_outputs_match_jit(out):
+    """Regression: these outputs used to fail with 'non-canonical constant'."""
+    got = pejit(out, constant_argnums=0)(3.0, X)
+    want = jax.jit(out, static_argnums=0)(3.0, X)
+    for g, w in zip(got, want):
+        assert (g.shape, g.dtype, g.weak_type) == (w.shape, w.dtype, w.weak_type)
+        np.testing.assert_array_equal(g, w)
+
+
+def test_non_jax_output_names_the_output():
+    with pytest.raises(TypeError, match=r"returned a value of type str as its output leaf 1"):
+        pejit(lambda s, a: (a, "done"), constant_argnums=0)(1.0, X)

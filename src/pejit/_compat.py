@@ -33,6 +33,7 @@ from typing import Any
 from jax._src import api_util
 from jax._src import config as _config
 from jax._src import core
+from jax._src import dtypes
 from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as _pe
@@ -41,6 +42,26 @@ try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
     from jax.extend.core.primitives import jit_p
 except ImportError:  # JAX 0.6: only internal, named pjit_p
     from jax._src.pjit import pjit_p as jit_p
+
+# JAX >= 0.8 stages only canonical constants (jax.Arrays, not Python or NumPy
+# scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
+_canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
+
+
+
+def _canonical_output(name: str, i: int, x: Any) -> Any:
+    """Python and NumPy outputs become JAX values, as under ``jax.jit``."""
+    if isinstance(x, core.Tracer):
+        return x
+    try:
+        core.typeof(x)
+    except TypeError:
+        raise TypeError(
+            f"{name} returned a value of type {type(x).__name__} as its output leaf {i}, "
+            "which is not a valid JAX type"
+        ) from None
+    return _canonicalize_value(x)
+
 
 Tracer = core.Tracer
 Literal = core.Literal
@@ -150,6 +171,7 @@ def trace_staging(
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
         with core.set_current_trace(trace), _config.eager_constant_folding(True):
             ans = wrapped.call_wrapped(*in_tracers)
+        ans = [_canonical_output(name, i, x) for i, x in enumerate(ans)]
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
         # Name the outputs now that we know how many there are (JAX < 0.8
         # requires resolved result paths here).
