@@ -22,6 +22,24 @@ here. What we use, and why no public API does the job:
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
   that ``DynamicJaxprTrace`` requires.
+* ``dtypes.canonicalize_value``: outputs that are Python or NumPy values
+  become JAX values, as ``jax.jit`` makes them.
+* ``pjit.pjit_p`` (JAX < 0.7 only; public as ``jax.extend.core.primitives.jit_p``
+  since): the primitive of a nested ``jax.jit`` call, which a fold rule
+  specializes through.
+
+Supported JAX versions: 0.7.0 and newer (CI tests 0.7.0 and the newest).
+Version differences handled here, by feature detection:
+
+* ``Primitive.bind_with_trace`` takes the input avals since JAX 0.10;
+* ``DebugInfo.result_paths`` must be resolved before ``to_jaxpr`` in 0.7;
+* ``DynamicJaxprTrace.new_const`` accepts non-canonical constants (Python
+  scalars, NumPy arrays) before 0.10, and asserts on them since.
+
+JAX 0.6 is out of reach without a second implementation: its
+``DynamicJaxprTracer`` does not carry its ``Var`` (the frame maps tracer ids
+to variables), and there is no ``var_to_tracer`` hook, while the folding
+policy identifies lazy values by their ``Var``.
 """
 
 from __future__ import annotations
@@ -43,7 +61,7 @@ try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
 except ImportError:  # JAX 0.6: only internal, named pjit_p
     from jax._src.pjit import pjit_p as jit_p
 
-# JAX >= 0.8 stages only canonical constants (jax.Arrays, not Python or NumPy
+# JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
 _canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
 
@@ -87,7 +105,7 @@ def eager_constant_folding(enabled: bool):
     return _config.eager_constant_folding(enabled)
 
 
-if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.8
+if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.10
 
     def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
         """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
@@ -173,7 +191,7 @@ def trace_staging(
             ans = wrapped.call_wrapped(*in_tracers)
         ans = [_canonical_output(name, i, x) for i, x in enumerate(ans)]
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
-        # Name the outputs now that we know how many there are (JAX < 0.8
+        # Name the outputs now that we know how many there are (JAX 0.7
         # requires resolved result paths here).
         dbg = dbg._replace(result_paths=tuple(f"result[{i}]" for i in range(len(out_tracers))))
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
