@@ -273,3 +273,19 @@ def test_pejit_matches_pe(program):
     want = jax.jit(f)(*args)
     _close(pejit(lambda *a: f(*a), constant_argnums=known)(*args), want, f"pejit of {program}")
     _close(pe(lambda *a: f(*a), constant_argnums=known)(*args), want, f"pe of {program}")
+
+
+def test_fully_known_scan_folds():
+    """Regression (JAX 0.7): folding a known ``scan`` failed with "Evaluation
+    rule for 'empty' not implemented", because the folding trace's
+    ``eager_constant_folding`` leaked into the scan's compilation."""
+
+    def f(a, y):
+        def body(c, x):
+            return jnp.tanh(c * x + jnp.abs(a)), jnp.sum(c)
+
+        c, ys = lax.scan(body, a + a, jnp.stack([a, a, a]))
+        return c + ys.mean() + y
+
+    a, y = jnp.full(N, 0.1), jnp.ones(N)
+    _close(pe(f, constant_argnums=0)(a, y), jax.jit(f)(a, y), "known scan")

@@ -108,15 +108,27 @@ def eager_constant_folding(enabled: bool):
 if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.10
 
     def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
+        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator.
+
+        Our trace turns on ``eager_constant_folding``; it must not leak into
+        the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
+        has no eager rule in JAX 0.7).
+        """
         avals = tuple(core.typeof(x) for x in args)
-        return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
+        with _config.eager_constant_folding(False):
+            return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
 
 else:
 
     def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator."""
-        return prim.bind_with_trace(core.eval_trace, tuple(args), params)
+        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator.
+
+        Our trace turns on ``eager_constant_folding``; it must not leak into
+        the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
+        has no eager rule in JAX 0.7).
+        """
+        with _config.eager_constant_folding(False):
+            return prim.bind_with_trace(core.eval_trace, tuple(args), params)
 
 
 def primitive_effects(prim, avals: Sequence[Any], params: dict):
