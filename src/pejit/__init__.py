@@ -4,6 +4,9 @@ Arguments marked constant are folded at specialization time; the compiled
 program keeps only the work that depends on the dynamic arguments.
 """
 
+from ._cache import DEFAULT_CACHE_SIZE as DEFAULT_CACHE_SIZE
+from ._cache import CacheInfo as CacheInfo
+from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
 from ._jit import BoundPejitted as BoundPejitted
 from ._jit import FoldingSkippedWarning as FoldingSkippedWarning
@@ -19,12 +22,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BoundPejitted",
+    "CacheInfo",
+    "DEFAULT_CACHE_SIZE",
     "FoldOptions",
     "FoldReport",
     "FoldingSkippedWarning",
     "PejitWarning",
     "Pejitted",
     "Residual",
+    "explain",
     "pe",
     "pejit",
     "specialize_jaxpr",

@@ -15,9 +15,16 @@ here. What we use, and why no public API does the job:
 * ``partial_eval.convert_constvars_jaxpr`` and ``dce_jaxpr``: turning folded
   constants into explicit arguments (so they reach XLA as buffers, not HLO
   literals) and dropping dead equations.
+* ``partial_eval.partial_eval_jaxpr_nounits_fwd`` and
+  ``move_binders_to_back``: splitting a loop body into the part that depends
+  only on known carries/inputs and the rest, as JAX's own scan
+  partial-evaluation rule does (there is no public jaxpr-splitting API).
 * ``config.eager_constant_folding``: the context-local switch behind
-  ``jax.ensure_compile_time_eval``; we read and scope it, never set it
-  globally.
+  ``jax.ensure_compile_time_eval``; we scope it, never set it globally. It is
+  *off* while pejit traces: otherwise the ``DynamicJaxprTrace`` that JAX
+  opens for a loop body or branch would evaluate every operation on
+  closed-over constants itself, effects included, behind the policy's back.
+  Known work inside bodies is folded by the loop and branch fold rules.
 * ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
@@ -26,7 +33,9 @@ here. What we use, and why no public API does the job:
   become JAX values, as ``jax.jit`` makes them.
 * ``pjit.pjit_p`` (JAX < 0.7 only; public as ``jax.extend.core.primitives.jit_p``
   since): the primitive of a nested ``jax.jit`` call, which a fold rule
-  specializes through.
+  specializes through; ``ad_checkpoint.remat_p`` (JAX < 0.8 only; public
+  since), ``jax.checkpoint``'s primitive, which a fold rule and the FLOP
+  counter look into.
 
 Supported JAX versions: 0.7.0 and newer (CI tests 0.7.0 and the newest).
 Version differences handled here, by feature detection:
@@ -40,6 +49,8 @@ JAX 0.6 is out of reach without a second implementation: its
 ``DynamicJaxprTracer`` does not carry its ``Var`` (the frame maps tracer ids
 to variables), and there is no ``var_to_tracer`` hook, while the folding
 policy identifies lazy values by their ``Var``.
+* ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
+  compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
 """
 
 from __future__ import annotations
@@ -48,7 +59,10 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from jax._src import api_util
+from jax._src import array as _array
 from jax._src import config as _config
 from jax._src import core
 from jax._src import dtypes
@@ -60,11 +74,14 @@ try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
     from jax.extend.core.primitives import jit_p
 except ImportError:  # JAX 0.6: only internal, named pjit_p
     from jax._src.pjit import pjit_p as jit_p
+try:  # jax.checkpoint's primitive (public since JAX 0.8)
+    from jax.extend.core.primitives import remat_p
+except ImportError:
+    from jax._src.ad_checkpoint import remat_p
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
 _canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
-
 
 
 def _canonical_output(name: str, i: int, x: Any) -> Any:
@@ -81,6 +98,7 @@ def _canonical_output(name: str, i: int, x: Any) -> Any:
     return _canonicalize_value(x)
 
 
+ArrayImpl = _array.ArrayImpl
 Tracer = core.Tracer
 Literal = core.Literal
 Var = core.Var
@@ -89,10 +107,27 @@ ClosedJaxpr = core.ClosedJaxpr
 ShapedArray = core.ShapedArray
 eval_jaxpr = core.eval_jaxpr
 set_current_trace = core.set_current_trace
+eval_trace = core.eval_trace
 typeof = core.typeof
 convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 dce_jaxpr = _pe.dce_jaxpr
 convert_invars_to_constvars = _pe.convert_invars_to_constvars
+partial_eval_jaxpr_nounits_fwd = _pe.partial_eval_jaxpr_nounits_fwd
+move_binders_to_back = _pe.move_binders_to_back
+
+
+def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
+    """Drop dead equations (e.g. unused lazy expansions) and unused constants.
+
+    Effectful equations are kept; every input is kept, so the signature does
+    not change.
+    """
+    open_jaxpr = convert_constvars_jaxpr(jaxpr)
+    n = len(consts)
+    keep = [False] * n + [True] * len(jaxpr.invars)
+    dced, used = dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    consts = [c for c, u in zip(consts, used[:n]) if u]
+    return convert_invars_to_constvars(dced, len(consts)), consts
 
 
 def core_trace():
@@ -107,28 +142,34 @@ def eager_constant_folding(enabled: bool):
 
 if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.10
 
-    def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator.
-
-        Our trace turns on ``eager_constant_folding``; it must not leak into
-        the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
-        has no eager rule in JAX 0.7).
-        """
-        avals = tuple(core.typeof(x) for x in args)
-        with _config.eager_constant_folding(False):
-            return prim.bind_with_trace(core.eval_trace, tuple(args), avals, params)
+    def _bind(prim, trace, args, params):
+        return prim.bind_with_trace(trace, args, tuple(core.typeof(x) for x in args), params)
 
 else:
 
-    def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-        """Bind ``prim`` on concrete ``args`` with JAX's eager evaluator.
+    def _bind(prim, trace, args, params):
+        return prim.bind_with_trace(trace, args, params)
 
-        Our trace turns on ``eager_constant_folding``; it must not leak into
-        the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
-        has no eager rule in JAX 0.7).
-        """
-        with _config.eager_constant_folding(False):
-            return prim.bind_with_trace(core.eval_trace, tuple(args), params)
+
+def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+    """Bind ``prim`` on known ``args``: eagerly, or on the trace they come from.
+
+    Known values are concrete, except when pejit builds a value-independent
+    folding program: then the constants are tracers of that program's (outer)
+    ``jax.jit`` trace, and folding an equation stages it there.
+
+    Our trace may turn on ``eager_constant_folding``; it must not leak into
+    the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
+    has no eager rule in JAX 0.7).
+    """
+    outer = next((x._trace for x in args if isinstance(x, core.Tracer)), core.eval_trace)
+    with _config.eager_constant_folding(False):
+        return _bind(prim, outer, tuple(args), params)
+
+
+def at_top_level():
+    """Context manager: no transformation is active (for folding, compiling)."""
+    return core.set_current_trace(core.eval_trace)
 
 
 def primitive_effects(prim, avals: Sequence[Any], params: dict):
@@ -148,6 +189,14 @@ class KnowableTracer(_pe.DynamicJaxprTracer):
 
     def to_concrete_value(self):
         return self._trace.policy.concrete_value(self)
+
+    def __array__(self, *args, **kwargs):
+        # NumPy conversion (boolean-mask indexing uses it) asks here, not
+        # to_concrete_value.
+        value = self.to_concrete_value()
+        if value is None:
+            return super().__array__(*args, **kwargs)
+        return np.asarray(value).__array__(*args, **kwargs)
 
 
 class StagingTrace(_pe.DynamicJaxprTrace):
@@ -174,6 +223,17 @@ class StagingTrace(_pe.DynamicJaxprTrace):
             aval = core.AvalQDD(aval, var.initial_qdd)
         return KnowableTracer(self, aval, var, source_info, parent)
 
+    # A custom_jvp/custom_vjp call is folded whole (JAX's eager path) when its
+    # inputs are all concrete; otherwise it is staged, with known work in its
+    # primal function folded as JAX traces it. Its rules are never bypassed.
+    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
+        with _config.eager_constant_folding(True):
+            return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
+
+    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
+        with _config.eager_constant_folding(True):
+            return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+
     def stage(self, prim, tracers, params):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
         with _config.eager_constant_folding(False):
@@ -185,6 +245,7 @@ def trace_staging(
     in_avals: Sequence[Any],
     policy: Callable,
     name: str = "pejit",
+    eager_bodies: bool = False,
 ) -> tuple[Jaxpr, list[Any]]:
     """Trace ``fun`` (flat arrays in, flat list out) into a jaxpr.
 
@@ -192,6 +253,11 @@ def trace_staging(
     ``policy`` says so; the rest are staged. Returns the jaxpr (constvars hold
     the folded values) and the list of those values. Mirrors
     ``partial_eval.trace_to_jaxpr_dynamic``.
+
+    ``eager_bodies`` lets JAX itself evaluate operations on concrete values
+    while it traces loop bodies and branches (``eager_constant_folding``), so
+    Python control flow on constants works there too, at the price of
+    folding effects and expansions inside those bodies.
     """
     dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
     wrapped = lu.wrap_init(fun, debug_info=dbg)
@@ -199,7 +265,7 @@ def trace_staging(
     with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
         source_info = source_info_util.current()
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
-        with core.set_current_trace(trace), _config.eager_constant_folding(True):
+        with core.set_current_trace(trace), _config.eager_constant_folding(eager_bodies):
             ans = wrapped.call_wrapped(*in_tracers)
         ans = [_canonical_output(name, i, x) for i, x in enumerate(ans)]
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]

@@ -60,28 +60,44 @@ class FoldOptions:
     """Switches for pejit's passes, each on by default.
 
     Turn one off to debug a suspected miscompilation: the result must not
-    change, only how much is folded.
+    change, only how much is folded. The passes are described together in
+    :mod:`pejit._rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
-        branch.
-      calls: nested ``jax.jit`` calls with some known inputs are specialized
-        through (inlined), so the known work inside them folds.
+        branch; with an unknown index, known work in branches is hoisted.
+      calls: nested ``jax.jit`` calls with some known inputs (or closed-over
+        constants) are specialized through (inlined), so the known work
+        inside them folds; ``jax.checkpoint`` bodies are folded in place.
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
-        hoisted out and folded.
+        hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual
         program instead of becoming large constants.
+      literals: folded scalars become literals of the residual jaxpr rather
+        than inputs.
       expansion_ratio: an expansion is kept lazy when its output is more than
         this many times larger than its known inputs ...
       expansion_min_bytes: ... and larger than this many bytes.
-      loop_residual_bytes: budget for per-iteration known loop work hoisted
-        out as stacked residuals.
+      loop_residual_bytes: per loop, the most bytes of per-iteration known
+        work (``length x size``) folded into stacked constants; a loop that
+        would need more keeps that work in its body.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import FoldOptions, explain
+      >>> def f(c, x):
+      ...     return jnp.ones((100, 100)) * c + x
+      >>> lazy = explain(f, 2.0, 1.0, constant_argnums=0)
+      >>> stored = explain(f, 2.0, 1.0, constant_argnums=0, fold_options=FoldOptions(rematerialize=False))
+      >>> lazy.folded_bytes < 100 < stored.folded_bytes  # the 100x100 expansion is not stored
+      True
     """
 
     branches: bool = True
     calls: bool = True
     loops: bool = True
     rematerialize: bool = True
+    literals: bool = True
     expansion_ratio: float = 2.0
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
@@ -170,6 +186,12 @@ class Folder:
         self._recipes: dict[Any, _Recipe] = {}
         self._materialized: dict[Any, Any] = {}
 
+    def child(self) -> Folder:
+        """A folder for a nested trace (a loop body): same options, same stats."""
+        child = Folder(self.options)
+        child.stats = self.stats
+        return child
+
     # -- the policy -------------------------------------------------------
     def __call__(self, trace, prim, args, params):
         args = [self._known_value(trace, a) for a in args]
@@ -196,8 +218,14 @@ class Folder:
 
     # -- known values -----------------------------------------------------
     def is_known(self, x) -> bool:
-        """Whether ``x`` is concrete or a lazy (materializable) value."""
-        return not isinstance(x, _compat.Tracer) or self.is_lazy(x)
+        """Whether ``x`` is known: not a value this folder stages, or lazy.
+
+        Tracers of an *outer* trace count as known: they are the abstract
+        constants of a folding program being compiled (see ``_jit``), and
+        folding an equation on them stages it into that program.
+        """
+        staged = isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
+        return not staged or self.is_lazy(x)
 
     def is_lazy(self, x) -> bool:
         return isinstance(x, _compat.Tracer) and getattr(x, "val", None) in self._recipes
@@ -206,13 +234,26 @@ class Folder:
         """The concrete value of a known ``x``."""
         if not self.is_lazy(x):
             return x
-        var = x.val
-        if var not in self._materialized:
+        # Evaluate the recipes ``x`` depends on in dependency order, with an
+        # explicit stack: chains of lazy values can be longer than Python's
+        # recursion limit.
+        stack = [x.val]
+        while stack:
+            var = stack[-1]
+            if var in self._materialized:
+                stack.pop()
+                continue
             r = self._recipes[var]
-            outs = _compat.evaluate(r.prim, [self.materialize(a) for a in r.args], r.params)
+            pending = [a.val for a in r.args if self.is_lazy(a) and a.val not in self._materialized]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            args = [self._materialized[a.val] if self.is_lazy(a) else a for a in r.args]
+            outs = _compat.evaluate(r.prim, args, r.params)
             vals = outs if r.prim.multiple_results else [outs]
-            self._materialized.update(zip(r.outvars, vals))
-        return self._materialized[var]
+            self._materialized.update((v, val) for v, val in zip(r.outvars, vals) if isinstance(v, _compat.Var))
+        return self._materialized[x.val]
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
@@ -243,7 +284,12 @@ class Folder:
         outs = trace.stage(prim, args, params)
         outvars = [o.val for o in (outs if prim.multiple_results else [outs])]
         recipe = _Recipe(prim, tuple(args), params, outvars)
-        self._recipes.update(dict.fromkeys(outvars, recipe))
+        # Outputs JAX already made literals (scalar conversions) are concrete,
+        # and an output that is a forwarded input (``jit`` does that) keeps
+        # the recipe it has: overwriting it would make a cycle.
+        for v in outvars:
+            if isinstance(v, _compat.Var) and v not in self._recipes:
+                self._recipes[v] = recipe
         return outs
 
     def concrete_value(self, tracer):

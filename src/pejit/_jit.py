@@ -11,18 +11,23 @@ Two forms share one implementation, :class:`Pejitted`:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
+from jax.extend.core import primitives as P
 
-from . import _argnums
+from . import _argnums, _compat
+from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
 from ._folding import FoldOptions
-from ._keys import TracedConstant, constant_key, references
+from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
+from ._report import FoldReport
 from ._specialize import Residual, fold
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -35,26 +40,146 @@ class PejitWarning(UserWarning):
 
 
 class FoldingSkippedWarning(PejitWarning):
-    """A constant argument was a tracer, so pejit could not fold it."""
+    """A constant argument was a tracer, so pejit could not fold it.
+
+    This happens when an outer transformation (``jax.jit``, ``grad``,
+    ``vmap``) is applied over a constant argument: the function then runs
+    unfolded, with the right result.
+
+    Examples:
+      >>> import warnings, jax
+      >>> from pejit import pejit
+      >>> f = pejit(lambda a, x: a * x, constant_argnums=0)
+      >>> with warnings.catch_warnings(record=True) as caught:
+      ...     warnings.simplefilter("always")
+      ...     jax.jit(f)(2.0, 3.0)
+      Array(6., dtype=float32, weak_type=True)
+      >>> caught[0].category.__name__
+      'FoldingSkippedWarning'
+    """
+
+
+class _Program:
+    """What specializations of one structure share: residual program, executables.
+
+    ``fold`` is the folding program (constant array leaves in, folded
+    constants out) when tracing did not depend on constant values; then a
+    new constant value costs one run of it. It is None for a value-dependent
+    specialization, which owns its program alone.
+    """
+
+    __slots__ = ("jaxpr", "out_tree", "report", "run", "fold")
+
+    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: _FoldingProgram | None):
+        self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
+        self.out_tree = out_tree
+        self.report = report
+        self.run = run  # run(consts, *dyn_args, **dyn_kwargs)
+        self.fold = fold
+
+
+class _FoldingProgram:
+    """Constant arrays in, folded constants out: a value-independent fold.
+
+    The first value is folded by evaluating the program's jaxpr equation by
+    equation, as folding while tracing would (no compilation, so a first
+    call costs what eager folding costs). A second value means values do
+    change: the program is then compiled once, and each new value costs one
+    run of it. One that cannot be compiled (a primitive with only an
+    ``impl``) keeps being evaluated equation by equation.
+    """
+
+    def __init__(self, traced: jax.stages.Traced):
+        self.traced = traced
+        self.compiled: Callable | None = None
+        self._compilable = True
+
+    def evaluate(self, *arrays) -> list:
+        return jaxpr_as_fun(self.traced.jaxpr)(*arrays)
+
+    def __call__(self, *arrays) -> list:
+        if self.compiled is None and self._compilable:
+            try:
+                self.compiled = self.traced.lower().compile()
+            except Exception:  # no lowering for some folded primitive
+                self._compilable = False
+        if self.compiled is None:
+            return self.evaluate(*arrays)
+        return self.compiled(*arrays)
+
+
+#: Marks a structure whose trace depends on constant values, or whose residual
+#: keeps control flow (see ``_trace_program``): each value is folded by
+#: tracing the function again, with concrete constants.
+_VALUE_DEPENDENT = object()
 
 
 class Specialization:
-    """One residual program and the executable that runs it."""
+    """One specialization: folded constants and the program that uses them."""
 
-    def __init__(self, residual: Residual, in_tree, out_tree, run: Callable, keepalive: list):
-        self.residual = residual
-        self.in_tree = in_tree
-        self.out_tree = out_tree
-        self.run = run
-        self.consts = residual.consts
-        self._keepalive = keepalive  # leaves whose identity the cache key uses
+    __slots__ = ("program", "consts", "fold_seconds", "_residual")
+
+    def __init__(self, program: _Program, consts: list, fold_seconds: float, residual: Residual | None = None):
+        self.program = program
+        self.consts = consts
+        self.fold_seconds = fold_seconds
+        self._residual = residual
 
     @property
-    def report(self):
+    def run(self) -> Callable:
+        return self.program.run
+
+    @property
+    def out_tree(self):
+        return self.program.out_tree
+
+    @property
+    def residual(self) -> Residual:
+        if self._residual is None:
+            closed = ClosedJaxpr(self.program.jaxpr, self.consts)
+            report = dataclasses.replace(self.program.report, after=closed, fold_seconds=self.fold_seconds)
+            self._residual = Residual(closed, report)
+        return self._residual
+
+    @property
+    def report(self) -> FoldReport:
         return self.residual.report
 
     def __call__(self, dyn_args, dyn_kwargs):
-        return self.run(self.consts, *dyn_args, **dyn_kwargs)
+        return self.program.run(self.consts, *dyn_args, **dyn_kwargs)
+
+
+class _Layout(NamedTuple):
+    """Where the constants are in a call with a given number of positional arguments.
+
+    ``key(args)`` is the hot path's cache key: the identity of each constant,
+    then the aval of each dynamic argument (``AttributeError`` if one is not
+    an array); ``dynamic(args)`` picks the dynamic arguments.
+    """
+
+    const: tuple[int, ...]
+    dyn: tuple[int, ...]
+    key: Callable[[tuple], tuple]
+    dynamic: Callable[[tuple], tuple]
+
+
+def _straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
+    """``lambda args: (elements...)``, generated (as ``dataclasses`` does).
+
+    On the hot path this is several times faster than a loop or ``map``
+    over the positions: one call, no iterator, one tuple. ``elements`` are
+    built here from integer positions only.
+    """
+    body = "".join(f"{e}, " for e in elements)
+    return eval(f"lambda args: ({body})")  # noqa: S307
+
+
+class _Abandoned(Exception):
+    """An abstract trace that cannot succeed; the constants will be concrete."""
+
+
+class _KW:
+    """Tags the keyword part of a cache key."""
 
 
 class Pejitted:
@@ -62,7 +187,25 @@ class Pejitted:
 
     Created by :func:`pejit` or :func:`pe`. Calling it specializes on the
     constant values (once per value) and runs the residual program on the
-    dynamic arguments.
+    dynamic arguments. Specializations live in an LRU cache of ``cache_size``
+    entries (:data:`DEFAULT_CACHE_SIZE` by default, ``None`` for unbounded);
+    one keyed on a ``jax.Array`` constant is dropped when that array dies.
+    ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
+    ``report`` summarizes a specialization.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> f = pejit(lambda A, x: jnp.linalg.inv(A) @ x, constant_argnums=0)
+      >>> A = 2 * jnp.eye(2)
+      >>> f(A, jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> f.eval_shape(A, jax.ShapeDtypeStruct((2,), jnp.float32))
+      ShapeDtypeStruct(shape=(2,), dtype=float32)
+      >>> f.lower(A, jnp.ones(2)).compile()(A, jnp.zeros(2))
+      Array([0., 0.], dtype=float32)
+      >>> dict(f.report(A, jnp.ones(2)).residual)
+      {'dot_general': 1}
     """
 
     def __init__(
@@ -73,15 +216,27 @@ class Pejitted:
         constant_argnames: str | Sequence[str] | None = None,
         jit: bool = True,
         fold_options: FoldOptions | None = None,
+        cache_size: int | None = DEFAULT_CACHE_SIZE,
+        constant_shardings: Any = None,
         **jit_kwargs: Any,
     ):
         if not callable(fun):
             raise TypeError(f"pejit: expected a callable to specialize, got {type(fun).__name__} {fun!r}")
         self._fun = fun
+        self._name = getattr(fun, "__name__", type(fun).__name__)
         self._jit = jit
         self._options = fold_options or FoldOptions()
         if not isinstance(self._options, FoldOptions):
             raise TypeError(f"fold_options must be a pejit.FoldOptions, got {type(self._options).__name__}")
+        if constant_shardings is not None and not (
+            isinstance(constant_shardings, jax.sharding.Sharding) or callable(constant_shardings)
+        ):
+            raise TypeError(
+                "constant_shardings must be a jax.sharding.Sharding or a callable "
+                f"from a folded constant's jax.ShapeDtypeStruct to a Sharding (or None), "
+                f"got {type(constant_shardings).__name__}"
+            )
+        self._constant_shardings = constant_shardings
         sig = _argnums.signature(fun)
         self._nargs = _argnums.positional_count(sig)
         const = self._resolve(sig, "constant_argnums", constant_argnums, "constant_argnames", constant_argnames)
@@ -104,7 +259,10 @@ class Pejitted:
         self._fixed_names = const[1] | static[1]
         self._donate_nums, self._donate_names = donate
         self._jit_kwargs = jit_kwargs
-        self._cache: dict[Any, Specialization] = {}
+        self._cache = SpecializationCache(cache_size)
+        # structure key -> _Program or _VALUE_DEPENDENT
+        self._programs = SpecializationCache(cache_size)
+        self._layouts: dict[int, _Layout] = {}
         self._lock = threading.RLock()
         self._warned = False
         functools.update_wrapper(self, fun)
@@ -114,19 +272,66 @@ class Pejitted:
         names = _argnums.check_argnames(what_names, names)
         return _argnums.resolve(f"{what_nums}/{what_names}", sig, nums, names)
 
+    # -- the cache ----------------------------------------------------------
+    def cache_info(self) -> CacheInfo:
+        """Hits, misses, maximum and current size of the specialization cache.
+
+        Example:
+          >>> import jax.numpy as jnp
+          >>> from pejit import pejit
+          >>> f = pejit(lambda a, x: jnp.sin(a) * x, constant_argnums=0)
+          >>> a = jnp.ones(3)
+          >>> _ = f(a, jnp.ones(3)); _ = f(a, jnp.ones(3))
+          >>> f.cache_info()
+          CacheInfo(hits=1, misses=1, maxsize=128, currsize=1)
+        """
+        return self._cache.info()
+
+    def cache_clear(self) -> None:
+        """Drop every specialization and compiled program, and reset the statistics."""
+        with self._lock:
+            self._cache.clear()
+            self._programs.clear()
+
     # -- calling ----------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        # The hot path: positional arguments, a layout seen before, a cached
+        # specialization. The key is the one ``_key`` computes when every
+        # constant is a bare jax.Array and every dynamic argument an array: an
+        # int (an id) in a key only ever comes from a live, watched jax.Array
+        # (dead ones are purged first), so no type check is needed.
+        if not kwargs:
+            layout = self._layouts.get(len(args))
+            if layout is not None:
+                try:
+                    key = layout.key(args)
+                except AttributeError:  # a dynamic argument that is no array
+                    pass
+                else:
+                    cache = self._cache
+                    if cache.dead:
+                        cache.purge()
+                    spec = cache.entries.get(key)
+                    if spec is not None:
+                        cache.hits += 1
+                        try:
+                            cache.entries.move_to_end(key)
+                        except KeyError:  # evicted by another thread just now
+                            pass
+                        return spec.program.run(spec.consts, *layout.dynamic(args))
         try:
             spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         except TracedConstant as e:
-            return self._fallback(str(e), args, kwargs)
-        return spec(dyn_args, dyn_kwargs)
+            return self._fallback(e, args, kwargs)
+        return spec.program.run(spec.consts, *dyn_args, **dyn_kwargs)
 
-    def _fallback(self, what: str, args, kwargs):
-        if not self._warned:
-            self._warned = True
+    def _fallback(self, e: TracedConstant, args, kwargs):
+        what = _describe(e.args[0])
+        with self._lock:
+            warn, self._warned = not self._warned, True
+        if warn:
             warnings.warn(
-                f"pejit({self.__name__}): {what} is a tracer of an outer "
+                f"pejit({self._name}): {what} is a tracer of an outer "
                 "transformation (jit/grad/vmap over a constant argument), so it "
                 "was treated as dynamic and nothing was folded",
                 FoldingSkippedWarning,
@@ -134,68 +339,180 @@ class Pejitted:
             )
         return self._fun(*args, **kwargs)
 
-    def _split(self, args: tuple, kwargs: dict):
-        fixed = self._fixed_positions(len(args))
-        const_pos = tuple((i, args[i]) for i in sorted(fixed) if i < len(args))
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in fixed)
-        const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._fixed_names))
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._fixed_names}
-        return const_pos, const_kw, dyn_args, dyn_kwargs
+    def _layout(self, n: int) -> _Layout:
+        layout = self._layouts.get(n)
+        if layout is None:
+            if self._nargs is not None and n > self._nargs:
+                raise TypeError(f"{self._name}() takes {self._nargs} positional arguments but {n} were given")
+            fixed = self._fixed_positions(n)
+            const = tuple(i for i in range(n) if i in fixed)
+            dyn = tuple(i for i in range(n) if i not in fixed)
+            key = _straight_line([f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn])
+            layout = _Layout(const, dyn, key, _straight_line([f"args[{i}]" for i in dyn]))
+            self._layouts[n] = layout
+        return layout
 
     def _fixed_positions(self, n: int) -> frozenset[int]:
         if self._nargs is None and any(i < 0 for i in self._fixed_nums):
             return frozenset(i % n for i in self._fixed_nums if -n <= i < n)
         return self._fixed_nums
 
-    def _specialization(self, args, kwargs, *, abstract_ok: bool = False):
-        if self._nargs is not None and len(args) > self._nargs:
-            raise TypeError(f"{self.__name__}() takes {self._nargs} positional arguments but {len(args)} were given")
-        const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs)
-        key_consts = (
-            tuple((i, constant_key(f"argument {i}", v)) for i, v in const_pos),
-            tuple((k, constant_key(f"argument {k!r}", v)) for k, v in const_kw),
-        )
-        leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
-        try:
-            avals = tuple(_dynamic_aval(leaf, abstract_ok) for leaf in leaves)
-        except _NotAnArray:
-            raise TypeError(_not_an_array_message(args, kwargs, self._fixed_positions(len(args)),
-                                                  self._fixed_names, abstract_ok)) from None
-        key = (key_consts, len(args), in_tree, avals)
-        spec = self._cache.get(key)
-        if spec is None:
-            with self._lock:
-                spec = self._cache.get(key)
-                if spec is None:
-                    spec = self._specialize(len(args), const_pos, const_kw, in_tree, avals)
-                    self._cache[key] = spec
-        return spec, dyn_args, dyn_kwargs
+    def _key(self, args: tuple, kwargs: dict, layout: _Layout) -> tuple:
+        """The cache key of a call: constants' values, then dynamic arguments' types.
 
-    def _specialize(self, nargs, const_pos, const_kw, in_tree, avals) -> Specialization:
-        out_trees = []
+        For positional ``jax.Array`` arguments, ``__call__`` computes the same
+        key inline.
+        """
+        key = [constant_key(i, args[i]) for i in layout.const]
+        key += [dynamic_key(args[i], i) for i in layout.dyn]
+        if kwargs:
+            fixed = self._fixed_names
+            key.append((_KW, tuple(sorted(
+                (k, constant_key(k, v) if k in fixed else dynamic_key(v, k)) for k, v in kwargs.items()
+            ))))
+        return tuple(key)
+
+    def _split(self, args: tuple, kwargs: dict, layout: _Layout):
+        const_pos = tuple((i, args[i]) for i in layout.const)
+        const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._fixed_names))
+        dyn_args = tuple(args[i] for i in layout.dyn)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._fixed_names}
+        return const_pos, const_kw, dyn_args, dyn_kwargs
+
+    def _specialization(self, args: tuple, kwargs: dict):
+        layout = self._layout(len(args))
+        key = self._key(args, kwargs, layout)
+        cache = self._cache
+        spec = cache.get(key)
+        if spec is None:
+            with self._lock:  # one trace and one fold per key, however many threads ask
+                spec = cache.get(key)
+                if spec is None:
+                    cache.misses += 1
+                    const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
+                    with _compat.at_top_level():
+                        spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
+                    const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
+                    cache.put(key, spec, watch=watched(const_leaves))
+                    return spec, dyn_args, dyn_kwargs
+        cache.hits += 1
+        fixed = self._fixed_names
+        return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
+
+    def _specialize(self, nargs, const_pos, const_kw, dyn_args, dyn_kwargs) -> Specialization:
+        """Fold for these constants: with a shared program if values don't matter."""
+        dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
+        avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
+        const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
+        where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+        skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
+        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
+        program = self._programs.get(skey)
+        if program is None:
+            start = time.perf_counter()
+            program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
+            self._programs.put(skey, program)
+            if program is not _VALUE_DEPENDENT:
+                return Specialization(program, consts, time.perf_counter() - start)
+        if program is _VALUE_DEPENDENT:
+            return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals)
+        start = time.perf_counter()
+        consts = program.fold(*arrays)
+        return Specialization(program, consts, time.perf_counter() - start)
+
+    def _flat_fun(self, where, const_vals, in_tree, out_trees: list) -> Callable:
+        """The user's function of the flat dynamic leaves, constants bound."""
+        const_pos = tuple(zip(where[0], const_vals[0]))
+        const_kw = dict(zip(where[1], const_vals[1]))
+        fun = self._fun
 
         def flat_fun(*leaves):
             dyn_args, dyn_kwargs = _tree_unflatten(in_tree, leaves)
-            args = _merge(const_pos, dyn_args)
-            out = self._fun(*args, **dict(const_kw), **dyn_kwargs)
+            out = fun(*_merge(const_pos, dyn_args), **const_kw, **dyn_kwargs)
             out_leaves, out_tree = _tree_flatten(out)
             out_trees.append(out_tree)
             return out_leaves
 
-        residual = fold(flat_fun, avals, self._options, name=getattr(self._fun, "__name__", "pejit"))
-        run = _runner(residual, out_trees[-1])
+        return flat_fun
+
+    def _trace_program(self, nargs, where, const_leaves, const_tree, in_tree, avals):
+        """Trace once with the constant arrays abstract: the folding program.
+
+        If the trace needs a constant's value (Python control flow, shapes,
+        a ``cond`` with a known index, ...) it fails, and the structure is
+        marked value-dependent: each new value is traced again, concretely.
+        """
+        is_arrays = [is_array(leaf) for leaf in const_leaves]
+        arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
+        # Close over the static leaves only: array leaves must not be kept alive.
+        statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
+        traced: dict[str, Any] = {}
+        out_trees: list = []
+
+        def folding_program(*array_leaves):
+            it = iter(array_leaves)
+            leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
+            flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
+            tries = []
+
+            def once(*dyn_leaves):
+                # ``fold`` retries a trace that needed a concrete value with
+                # JAX's eager folding in loop bodies: no help for abstract constants.
+                if tries:
+                    raise _Abandoned
+                tries.append(True)
+                return flat_fun(*dyn_leaves)
+
+            residual = fold(once, avals, self._options, name=self._name)
+            traced["jaxpr"] = residual.jaxpr.jaxpr
+            traced["report"] = dataclasses.replace(residual.report, after=None)
+            return self._place(residual.consts, jax.lax.with_sharding_constraint)
+
+        try:
+            program = _FoldingProgram(jax.jit(folding_program).trace(*arrays))
+        except Exception:  # the trace needed a constant's value
+            return _VALUE_DEPENDENT, None
+        if _has_control_flow(traced["jaxpr"]):
+            # Loops, branches and checkpoints left in the residual are where
+            # pejit's passes hoist known work, by evaluating it concretely:
+            # with abstract constants they would hoist less. Fold each value.
+            return _VALUE_DEPENDENT, None
+        consts = program.evaluate(*arrays)
+        run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
+        return _Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+
+    def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals) -> Specialization:
+        out_trees: list = []
+        where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+        vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+        residual = fold(self._flat_fun(where, vals, in_tree, out_trees), avals, self._options, name=self._name)
+        folded = residual.consts
+        consts = self._place(folded, jax.device_put)
+        run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
+        program = _Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+        return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
+
+    def _place(self, consts: list, put: Callable) -> list:
+        """Apply ``constant_shardings`` to the folded constants."""
+        where = self._constant_shardings
+        if where is None:
+            return consts
+        out = []
+        for c in consts:
+            s = where if isinstance(where, jax.sharding.Sharding) else where(jax.ShapeDtypeStruct(c.shape, c.dtype))
+            out.append(c if s is None else put(c, s))
+        return out
+
+    def _make_runner(self, jaxpr, out_tree, nargs: int) -> Callable:
+        run = _runner(jaxpr, out_tree)
         if self._jit:
             run = jax.jit(run, **self._jit_kwargs_for(nargs))
-        keepalive = references([v for _, v in const_pos] + [v for _, v in const_kw])
-        return Specialization(residual, in_tree, out_trees[-1], run, keepalive)
+        return run
 
     def _jit_kwargs_for(self, nargs: int) -> dict:
         """``jax.jit`` keywords for the runner ``run(consts, *dyn_args, **dyn_kwargs)``."""
-        fixed = self._fixed_positions(nargs)
-        dyn_index = {}
-        for i in range(nargs):
-            if i not in fixed:
-                dyn_index[i] = len(dyn_index) + 1  # 0 is the folded constants
+        layout = self._layout(nargs)
+        dyn_index = {i: j + 1 for j, i in enumerate(layout.dyn)}  # 0 is the folded constants
         kwargs = dict(self._jit_kwargs)
         donate = [dyn_index[i % nargs] for i in self._donate_nums if -nargs <= i < nargs]
         if donate:
@@ -206,34 +523,38 @@ class Pejitted:
         if isinstance(in_shardings, (tuple, list)):
             if len(in_shardings) != nargs:
                 raise ValueError(
-                    f"in_shardings has {len(in_shardings)} entries but {self.__name__} "
+                    f"in_shardings has {len(in_shardings)} entries but {self._name} "
                     f"was called with {nargs} positional arguments"
                 )
-            kwargs["in_shardings"] = (None, *(s for i, s in enumerate(in_shardings) if i not in fixed))
+            kwargs["in_shardings"] = (None, *(in_shardings[i] for i in layout.dyn))
+        elif isinstance(in_shardings, jax.sharding.Sharding):
+            # One sharding for every argument the user passes; the folded
+            # constants keep the placement folding gave them.
+            kwargs["in_shardings"] = (None, *(in_shardings for _ in layout.dyn))
         return kwargs
 
     # -- jax.jit's staged API --------------------------------------------
     def lower(self, *args, **kwargs) -> Lowered:
         """Lower the residual program for these arguments, as ``jax.jit`` does."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs, abstract_ok=True)
+        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("lower")
         return Lowered(spec.run.lower(spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
 
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs, abstract_ok=True)
+        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("trace")
         return spec.run.trace(spec.consts, *dyn_args, **dyn_kwargs)
 
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
-        spec, _, _ = self._specialization(args, kwargs, abstract_ok=True)
-        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.residual.jaxpr.jaxpr.outvars]
+        spec, _, _ = self._specialization(args, kwargs)
+        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     def specialize(self, *args, **kwargs) -> Specialization:
         """The specialization these arguments select (folding if needed)."""
-        return self._specialization(args, kwargs, abstract_ok=True)[0]
+        return self._specialization(args, kwargs)[0]
 
     def report(self, *args, **kwargs):
         """The :class:`~pejit.FoldReport` of the specialization for these arguments."""
@@ -245,12 +566,13 @@ class Pejitted:
 
     def _checker(self, args, kwargs) -> Callable:
         """Split a call of a compiled object, checking its constants."""
-        const_pos, const_kw, _, _ = self._split(args, kwargs)
-        expected = [constant_key("", v) for _, v in const_pos] + [constant_key("", v) for _, v in const_kw]
+        layout = self._layout(len(args))
+        const_pos, const_kw, _, _ = self._split(args, kwargs, layout)
+        expected = [constant_key(i, v) for i, v in const_pos] + [constant_key(k, v) for k, v in const_kw]
 
         def split(call_args, call_kwargs):
-            c_pos, c_kw, dyn_args, dyn_kwargs = self._split(call_args, call_kwargs)
-            got = [constant_key("", v) for _, v in c_pos] + [constant_key("", v) for _, v in c_kw]
+            c_pos, c_kw, dyn_args, dyn_kwargs = self._split(call_args, call_kwargs, self._layout(len(call_args)))
+            got = [constant_key(i, v) for i, v in c_pos] + [constant_key(k, v) for k, v in c_kw]
             if got != expected:
                 raise ValueError(
                     "this compiled function was specialized for other constant "
@@ -266,7 +588,25 @@ class Pejitted:
         return functools.partial(self, obj)
 
     def __repr__(self) -> str:
-        return f"<{'pejit' if self._jit else 'pe'} function {self.__name__}>"
+        return f"<{'pejit' if self._jit else 'pe'} function {self._name}>"
+
+
+def _has_control_flow(jaxpr) -> bool:
+    """Whether ``jaxpr`` has an equation with a sub-jaxpr other than a plain call."""
+    for eqn in jaxpr.eqns:
+        subs = [
+            sub for v in eqn.params.values() for sub in (v if isinstance(v, (tuple, list)) else (v,))
+            if isinstance(sub, (Jaxpr, ClosedJaxpr))
+        ]
+        if subs and eqn.primitive is not _compat.jit_p:
+            return True
+        if any(_has_control_flow(getattr(sub, "jaxpr", sub)) for sub in subs):
+            return True
+    return False
+
+
+def _describe(what: int | str) -> str:
+    return f"argument {what}" if isinstance(what, int) else f"argument {what!r}"
 
 
 class BoundPejitted:
@@ -276,6 +616,16 @@ class BoundPejitted:
     whose shapes or dtypes differ from the examples re-specializes (as
     ``jax.jit`` retraces); mutating a NumPy constant after creation is
     noticed, never used stale.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> A = 2 * jnp.eye(2)
+      >>> g = pejit(A, jnp.ones(2), constant_arg_nums=[0])(lambda A, x: jnp.linalg.inv(A) @ x)
+      >>> g(jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> g.lower(jnp.ones(2)).compile()(jnp.full(2, 4.0))
+      Array([2., 2.], dtype=float32)
     """
 
     def __init__(self, fun: Callable, example_args: tuple, constant_arg_nums, *, jit: bool, fold_options, jit_kwargs):
@@ -356,9 +706,13 @@ class Compiled:
         return getattr(self._compiled, name)
 
 
-def _runner(residual: Residual, out_tree) -> Callable:
-    """``run(consts, *dyn_args, **dyn_kwargs)`` evaluating the residual jaxpr."""
-    fun = jaxpr_as_fun(ClosedJaxpr(residual.open_jaxpr(), ()))
+def _runner(jaxpr, out_tree) -> Callable:
+    """``run(consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
+
+    ``jaxpr``'s constvars (the folded constants) become leading arguments, so
+    they reach XLA as buffers, not as HLO literals.
+    """
+    fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
 
     def run(consts, *dyn_args, **dyn_kwargs):
         outs = fun(*consts, *_tree_leaves((dyn_args, dyn_kwargs)))
@@ -373,37 +727,6 @@ def _merge(const_pos: tuple, dyn_args: Sequence) -> list:
     for i, v in const_pos:
         out.insert(i, v)
     return out
-
-
-class _NotAnArray(TypeError):
-    """A dynamic leaf that JAX cannot trace; reported with its argument's name."""
-
-
-def _dynamic_aval(leaf, abstract_ok: bool):
-    if abstract_ok and isinstance(leaf, jax.ShapeDtypeStruct):
-        return jax.core.ShapedArray(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
-    try:
-        return jax.typeof(leaf)
-    except TypeError:
-        raise _NotAnArray from None
-
-
-def _not_an_array_message(args, kwargs, fixed_nums, fixed_names, abstract_ok: bool) -> str:
-    """Name the dynamic argument (and the leaf in it) that is not an array."""
-    named = [(f"argument {i}", a) for i, a in enumerate(args) if i not in fixed_nums]
-    named += [(f"argument {k!r}", v) for k, v in kwargs.items() if k not in fixed_names]
-    for what, value in named:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-            try:
-                _dynamic_aval(leaf, abstract_ok)
-            except _NotAnArray:
-                where = f"{what}{jax.tree_util.keystr(path)}"
-                return (
-                    f"pejit: {where} is dynamic but has a leaf of type {type(leaf).__name__}, "
-                    "which is not a JAX array type; mark the argument constant (or static) "
-                    "to pass non-array values"
-                )
-    return "pejit: a dynamic argument has a leaf that is not a JAX array type"
 
 
 def _positional_only(fun: Callable, n: int) -> Callable:
@@ -445,6 +768,8 @@ def pejit(
     constant_argnums: int | Sequence[int] | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
+    cache_size: int | None = DEFAULT_CACHE_SIZE,
+    constant_shardings: Any = None,
     **jit_kwargs: Any,
 ):
     """Partially evaluate, then ``jax.jit``, a function with constant arguments.
@@ -463,9 +788,13 @@ def pejit(
       TFC form; folds now, returns a function of the remaining arguments.
 
     Any keyword of ``jax.jit`` is accepted; argument numbers in it refer to
-    the signature you call.
+    the signature you call. ``cache_size`` bounds the specializations kept
+    (an LRU; ``None``: unbounded); ``constant_shardings`` places the folded
+    constants: a ``jax.sharding.Sharding`` for all of them, or a callable
+    from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
+    keeps the placement folding gave it). See ``docs/caching.md``.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp
       >>> from pejit import pejit
       >>> A = jnp.array([[2.0, 0.0], [0.0, 4.0]])
@@ -476,6 +805,7 @@ def pejit(
       >>> g(jnp.ones(2))
       Array([0.5 , 0.25], dtype=float32)
     """
+    jit_kwargs = dict(jit_kwargs, cache_size=cache_size, constant_shardings=constant_shardings)
     return _front("pejit", True, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs)
 
 
@@ -485,20 +815,24 @@ def pe(
     constant_argnums: int | Sequence[int] | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
+    cache_size: int | None = DEFAULT_CACHE_SIZE,
 ):
     """Partially evaluate a function with constant arguments, without jitting.
 
     The same forms as :func:`pejit`; the result runs the residual program
     equation by equation (it can be jitted, vmapped, differentiated).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> from pejit import pe
       >>> f = pe(jnp.arange(3.0), jnp.ones(3), constant_arg_nums=[0])(lambda x, y: jnp.sin(x) * y)
       >>> [e.primitive.name for e in jax.make_jaxpr(f)(jnp.ones(3)).eqns]
       ['mul']
     """
-    return _front("pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, {})
+    return _front(
+        "pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options,
+        {"cache_size": cache_size},
+    )
 
 
 def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs):

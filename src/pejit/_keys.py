@@ -1,15 +1,22 @@
-"""Cache keys for constant arguments.
+"""Cache keys: which specialization a call selects.
 
-A specialization is reused only when its constants are the same values:
+Two keys describe the constants of a call:
 
-* ``jax.Array`` leaves are immutable, so they are keyed by identity (the
-  specialization keeps a reference, so the identity cannot be recycled);
-* NumPy arrays are mutable, so they are keyed by content (a SHA-1 digest of
-  their bytes, a few ms per 4 MB): mutating one re-specializes, never returns
-  a stale result. Arrays that cannot change (read-only, with read-only bases)
-  take the identity path and cost nothing;
-* everything else (Python scalars, strings, callables, ...) is keyed by type
-  and value and must be hashable.
+* the *value key* selects a specialization. ``jax.Array`` leaves are
+  immutable, so they are keyed by identity (the cache watches them with weak
+  references and drops the entry when they die, so an identity is never
+  recycled into a stale hit). NumPy arrays are mutable, so they are keyed by
+  content: a SHA-1 digest of their bytes, about 1 ms per 4 MB on every call,
+  so that mutating one re-specializes and never returns a stale result.
+  Read-only NumPy arrays whose memory nobody can write (every base read-only
+  too) take the identity path and cost nothing: that is the cheap path for
+  large NumPy constants (``a.flags.writeable = False``). Every other leaf
+  (Python scalars, strings, callables, ...) is keyed by type and value and
+  must be hashable.
+* the *structure key* selects a value-independent template (shapes, dtypes
+  and shardings of the array leaves, values of the others): a new value with
+  the same structure re-specializes by running the template's compiled
+  folding program.
 """
 
 from __future__ import annotations
@@ -27,13 +34,28 @@ class TracedConstant(Exception):
     """A constant argument is a tracer of an outer transformation."""
 
 
-def constant_key(what: str, value: Any) -> tuple:
-    """A hashable key for the pytree ``value`` of the constant ``what``."""
-    leaves, treedef = jax.tree_util.tree_flatten(value)
-    return (treedef, tuple(_leaf_key(what, leaf) for leaf in leaves))
+_flatten = jax.tree_util.tree_flatten
 
 
-def _leaf_key(what: str, leaf: Any) -> Any:
+def constant_key(what: int | str, value: Any) -> Any:
+    """A hashable key for the value of the constant pytree ``value``.
+
+    ``what`` (a position or a keyword) names the argument in error messages.
+
+    A bare ``jax.Array`` is keyed by its identity alone (an int): the hot path
+    computes that key inline, without calling this function.
+    """
+    if type(value) is _compat.ArrayImpl:
+        return id(value)
+    if type(value) is np.ndarray:
+        return _leaf_key(what, value)
+    leaves, treedef = _flatten(value)
+    return (treedef, tuple([_leaf_key(what, leaf) for leaf in leaves]))
+
+
+def _leaf_key(what: int | str, leaf: Any) -> Any:
+    if type(leaf) is _compat.ArrayImpl:
+        return id(leaf)
     if isinstance(leaf, _compat.Tracer):
         raise TracedConstant(what)
     if isinstance(leaf, jax.Array):
@@ -48,7 +70,8 @@ def _leaf_key(what: str, leaf: Any) -> Any:
         hash(leaf)
     except TypeError:
         raise TypeError(
-            f"pejit: {what} has a leaf of type {type(leaf).__name__} that is "
+            f"pejit: argument {what if isinstance(what, int) else repr(what)} has a "
+            f"leaf of type {type(leaf).__name__} that is "
             "neither an array nor hashable; constant leaves that are not arrays "
             "act as static values and must be hashable"
         ) from None
@@ -63,6 +86,74 @@ def _immutable(a: np.ndarray) -> bool:
     return a is None or isinstance(a, bytes)
 
 
-def references(value: Any) -> list[Any]:
-    """The leaves whose identity a key relies on: keep them alive."""
-    return [leaf for leaf in jax.tree_util.tree_leaves(value) if isinstance(leaf, (jax.Array, np.ndarray))]
+def watched(leaves: list[Any]) -> list[Any]:
+    """The leaves a value key holds by identity: the cache watches them."""
+    return [
+        leaf for leaf in leaves
+        if isinstance(leaf, jax.Array) or (isinstance(leaf, np.ndarray) and _immutable(leaf))
+    ]
+
+
+def is_array(leaf: Any) -> bool:
+    """Whether a constant leaf is an array (abstract in a template)."""
+    return isinstance(leaf, (jax.Array, np.ndarray))
+
+
+def structure_key(leaves: list[Any]) -> tuple:
+    """What a value-independent template depends on: the leaves' types."""
+    return tuple([_leaf_structure(leaf) for leaf in leaves])
+
+
+def _leaf_structure(leaf: Any) -> Any:
+    if isinstance(leaf, jax.Array):
+        return ("array", leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding)
+    if isinstance(leaf, np.ndarray):
+        return ("numpy", leaf.shape, leaf.dtype)
+    return (type(leaf), leaf)
+
+
+def dynamic_key(value: Any, what: int | str | None = None) -> Any:
+    """The part of a call's key that a dynamic argument contributes: its type.
+
+    ``what`` (a position or a keyword) names the argument in error messages.
+    """
+    if type(value) is _compat.ArrayImpl or isinstance(value, _compat.Tracer):
+        return value.aval
+    leaves, treedef = _flatten(value)
+    try:
+        return (treedef, tuple([dynamic_aval(leaf) for leaf in leaves]))
+    except NotAnArray:
+        if what is None:
+            raise
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                dynamic_aval(leaf)
+            except NotAnArray as e:
+                name = what if isinstance(what, int) else repr(what)
+                e.where = f"argument {name}{jax.tree_util.keystr(path)} is dynamic but has a leaf"
+                raise e from None
+        raise
+
+
+class NotAnArray(TypeError):
+    """A dynamic argument's leaf is not an array: it should be constant."""
+
+    def __init__(self, leaf: Any, where: str = "a dynamic argument has a leaf"):
+        super().__init__()
+        self.leaf_type = type(leaf).__name__
+        self.where = where
+
+    def __str__(self) -> str:
+        return (
+            f"pejit: {self.where} of type {self.leaf_type}, which is not a JAX array "
+            "type; mark the argument constant (or static) to pass non-array values"
+        )
+
+
+def dynamic_aval(leaf: Any) -> Any:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return _compat.ShapedArray(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
+    try:
+        return jax.typeof(leaf)
+    except TypeError:
+        raise NotAnArray(leaf) from None

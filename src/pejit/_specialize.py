@@ -16,9 +16,18 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from . import _compat, _rules  # noqa: F401  (registers the fold rules)
+from . import _compat, _loops, _rules  # noqa: F401  (register the fold rules)
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._report import FoldReport
+
+
+#: What Python raises when it needs the concrete value of a tracer.
+_NEEDS_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +38,16 @@ class Residual:
       jaxpr: takes the dynamic (flattened) inputs; its ``consts`` are the
         folded values the residual program still needs.
       report: what was folded, what stayed, and what it cost.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit import specialize_jaxpr
+      >>> cj = jax.make_jaxpr(lambda a, x: jnp.exp(a) * x)(1.0, 2.0)
+      >>> res = specialize_jaxpr(cj, known={0: 0.0})
+      >>> [e.primitive.name for e in res.jaxpr.eqns]
+      ['mul']
+      >>> float(jax.extend.core.jaxpr_as_fun(res.jaxpr)(3.0)[0])
+      3.0
     """
 
     jaxpr: ClosedJaxpr
@@ -52,10 +71,19 @@ def fold(
     before: ClosedJaxpr | None = None,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work."""
-    folder = Folder(options)
     start = time.perf_counter()
-    jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
-    jaxpr, consts = _prune(jaxpr, consts)
+    try:
+        folder = Folder(options)
+        jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
+    except _NEEDS_CONCRETE:
+        # Python needed a concrete value inside a loop body or branch, which
+        # pejit traces abstractly (so that effects there stay); let JAX fold
+        # eagerly inside bodies instead. A genuinely dynamic value fails again.
+        folder = Folder(options)
+        jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
+    jaxpr, consts = _compat.prune(jaxpr, consts)
+    if options.literals:
+        jaxpr, consts = _inline_scalars(jaxpr, consts)
     consts = [_to_device(c) for c in consts]
     for c in consts:  # folding is only done when its results are
         jax.block_until_ready(c)
@@ -76,7 +104,7 @@ def specialize_jaxpr(
     Python function is re-traced. ``known`` maps input positions to values;
     the residual jaxpr takes the remaining inputs, in order.
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp
       >>> from pejit import specialize_jaxpr
       >>> cj = jax.make_jaxpr(lambda a, x: jnp.linalg.inv(a) @ x)(jnp.eye(2), jnp.ones(2))
@@ -121,18 +149,36 @@ def specialize_jaxpr(
         args = [known[i] if i in known else next(it) for i in range(len(invars))]
         return replay(_compat.core_trace(), closed_jaxpr, args)
 
-    return fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
+    residual = fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
+    report = dataclasses.replace(residual.report, known_invars=tuple(sorted(known)))
+    return Residual(residual.jaxpr, report)
 
 
-def _prune(jaxpr, consts):
-    """Drop dead equations (e.g. unused lazy expansions) and unused constants."""
-    open_jaxpr = _compat.convert_constvars_jaxpr(jaxpr)
-    n = len(consts)
-    keep = [False] * n + [True] * len(jaxpr.invars)
-    dced, used = _compat.dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
-    used_consts = used[:n]
-    consts = [c for c, u in zip(consts, used_consts) if u]
-    return _compat.convert_invars_to_constvars(dced, len(consts)), consts
+def _inline_scalars(jaxpr, consts):
+    """Turn folded scalars into literals; larger constants stay inputs.
+
+    A literal is visible to XLA (e.g. ``x * 1.0`` simplifies) and costs no
+    argument; an array constant is passed as a device buffer, so its size
+    never reaches the HLO text or compile time.
+    """
+    outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # stay arrays
+    literals = {}
+    for var, c in zip(jaxpr.constvars, consts):
+        scalar = np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended)
+        # A tracer is a folded value of a folding program being built (see
+        # ``_jit``): its value differs per specialization, so it stays an input.
+        if scalar and var not in outputs and not isinstance(c, _compat.Tracer):
+            literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
+    if not literals:
+        return jaxpr, consts
+
+    def sub(atoms):
+        return [literals.get(a, a) if isinstance(a, _compat.Var) else a for a in atoms]
+
+    eqns = [e.replace(invars=sub(e.invars)) for e in jaxpr.eqns]
+    kept = [(v, c) for v, c in zip(jaxpr.constvars, consts) if v not in literals]
+    jaxpr = jaxpr.replace(constvars=[v for v, _ in kept], eqns=eqns)
+    return jaxpr, [c for _, c in kept]
 
 
 def _to_device(c):

@@ -1,0 +1,77 @@
+"""First call vs. re-specialization of a call-time pejit function.
+
+For each case, prints the wall time of:
+
+* ``first``: the first call (trace; for value-independent functions also the
+  compilation of the folding program; compilation of the residual program);
+* ``new value``: a call with a new constant of the same shape and dtype
+  (value-independent: one run of the compiled folding program; value-
+  dependent: a new trace and eager fold, and a residual compile);
+* ``cached``: a call whose specialization is cached.
+
+Run: ``python benchmarks/respecialize.py``
+"""
+
+import os
+
+_YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="  # JAX issue #39103
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_YNN_OFF}".strip()
+
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pejit import pejit  # noqa: E402
+
+
+def timed(fn, *args):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+def linalg(a, x):
+    return jnp.linalg.inv(a) @ x + jnp.linalg.cholesky(a @ a.T) @ x
+
+
+def linalg_branching(a, x):  # value-dependent: Python looks at the constant
+    return linalg(a, x) if a[0, 0] > 0 else x
+
+
+def many_ops(a, x):
+    for i in range(1000):
+        a = jnp.sin(a) * 1.0001 + i * 1e-6
+    return a @ x
+
+
+def wide_ops(a, x):
+    for _ in range(50):
+        a = jnp.cos(a) @ a * 1e-3
+    return a @ x
+
+
+def case(name, fun, n):
+    rng = np.random.default_rng(0)
+    consts = [jnp.asarray(rng.normal(size=(n, n)) + n * np.eye(n), jnp.float32) for _ in range(3)]
+    x = jnp.ones(n, jnp.float32)
+    f = pejit(fun, constant_argnums=0)
+    first = timed(f, consts[0], x)
+    new = min(timed(f, c, x) for c in consts[1:])
+    cached = min(timed(f, consts[0], x) for _ in range(5))
+    kind = "value-independent" if f.specialize(consts[0], x).program.fold is not None else "value-dependent"
+    print(f"{name:<34}{kind:>18}{first:10.3f}{new:12.4f}{cached:10.5f}")
+
+
+def main():
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}; seconds")
+    print(f"{'case':<34}{'':>18}{'first':>10}{'new value':>12}{'cached':>10}")
+    case("inv + cholesky, n=1000", linalg, 1000)
+    case("inv + cholesky, n=1000, branching", linalg_branching, 1000)
+    case("1000 elementwise ops, n=256", many_ops, 256)
+    case("50 matmul ops, n=1024", wide_ops, 1024)
+
+
+if __name__ == "__main__":
+    main()

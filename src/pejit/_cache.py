@@ -1,0 +1,111 @@
+"""The bounded, weakly keyed cache of specializations.
+
+A specialization is keyed on the identity of its ``jax.Array`` constants (and
+of read-only NumPy constants), so it is useless once such a constant is gone:
+nobody can pass that object again. Entries therefore *watch* those leaves
+with weak references and are dropped when one of them dies, instead of
+keeping the constant (and the folded values derived from it) alive. The
+least recently used entry goes when the cache is full.
+
+Weak-reference callbacks run wherever the last reference happens to die,
+possibly in the middle of another operation on this cache; they only record
+the dead key (``list.append`` is atomic), and the next lookup evicts it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+#: Specializations a function keeps by default (``functools.lru_cache``'s
+#: default size). Each holds folded constants on device, so the bound is
+#: what keeps memory in check when constants keep changing.
+DEFAULT_CACHE_SIZE = 128
+
+
+class CacheInfo(NamedTuple):
+    """Statistics of a specialization cache, as ``functools.lru_cache`` gives them."""
+
+    hits: int
+    misses: int
+    maxsize: int | None
+    currsize: int
+
+
+class SpecializationCache:
+    """An LRU mapping whose entries die with the objects they watch.
+
+    ``get`` is lock-free; ``put``, eviction and ``clear`` take the lock.
+    ``maxsize=None`` means unbounded. The hot path of ``Pejitted.__call__``
+    inlines ``get``: it reads ``entries`` and ``dead`` directly.
+    """
+
+    def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE):
+        if maxsize is not None and (isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0):
+            raise ValueError(f"cache_size must be a non-negative int or None, got {maxsize!r}")
+        self.maxsize = maxsize
+        self.hits = 0
+        self.misses = 0
+        self.entries: OrderedDict[Any, Any] = OrderedDict()
+        self._watchers: dict[Any, list[weakref.ref]] = {}
+        self.dead: list[Any] = []
+        self._lock = threading.RLock()
+
+    def get(self, key: Any) -> Any:
+        """The entry for ``key`` (now the most recently used), or None."""
+        if self.dead:
+            self.purge()
+        try:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        except KeyError:
+            return None
+
+    def put(self, key: Any, value: Any, watch: Iterable[Any] = ()) -> None:
+        """Store ``value``; drop it when any object in ``watch`` dies."""
+        if self.maxsize == 0:
+            return
+        dead = self.dead
+
+        def forget(_ref, key=key):
+            dead.append(key)
+
+        with self._lock:
+            self.entries[key] = value
+            self.entries.move_to_end(key)
+            self._watchers[key] = [weakref.ref(obj, forget) for obj in watch]
+            while self.maxsize is not None and len(self.entries) > self.maxsize:
+                old, _ = self.entries.popitem(last=False)
+                self._watchers.pop(old, None)
+
+    def purge(self) -> None:
+        with self._lock:
+            while self.dead:
+                key = self.dead.pop()
+                refs = self._watchers.get(key)
+                # The key may have been re-used by a live entry since; only
+                # evict an entry one of whose watched objects is really gone.
+                if refs is not None and any(r() is None for r in refs):
+                    del self._watchers[key]
+                    self.entries.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
+            self._watchers.clear()
+            self.dead.clear()
+            self.hits = self.misses = 0
+
+    def info(self) -> CacheInfo:
+        if self.dead:
+            self.purge()
+        return CacheInfo(self.hits, self.misses, self.maxsize, len(self.entries))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def values(self) -> list[Any]:
+        return list(self.entries.values())

@@ -1,0 +1,277 @@
+"""Fold rules for loops, and hoisting known work out of any sub-jaxpr.
+
+:func:`hoist` replays a body (loop body, branch, checkpointed function)
+under a nested folding trace; the loop rules below and the ``cond`` and
+``checkpoint`` rules of :mod:`pejit._rules` build on it.
+
+A loop whose inputs are all known is folded whole by the default policy. A
+loop with some unknown inputs stays in the residual program, after two
+passes (switch: ``FoldOptions.loops``):
+
+1. **Loop-invariant hoisting** (``scan``, ``while_loop``, hence
+   ``fori_loop``). The body, and a while loop's condition, are replayed under
+   a nested folding trace in which the known loop constants are concrete.
+   Work that depends only on them is folded once, at specialization time, and
+   its results become new constants of the residual loop. Every fold rule
+   applies inside, as anywhere else: a ``cond`` on a known constant keeps one
+   branch, a nested ``jax.jit`` is specialized, expansions stay lazy.
+2. **Known carries and scanned inputs.** A carry that stays known on every
+   iteration (a fixpoint, e.g. a ``fori_loop`` counter) or a known ``xs``
+   lets ``scan``'s body be split, as JAX's own scan partial evaluation does,
+   into a known loop, folded now, and a residual loop that receives what it
+   needs from the known one as per-iteration *stacked residuals*. Those cost
+   ``length x size`` bytes of folded constants, so the split is made only
+   when they total at most ``FoldOptions.loop_residual_bytes``; otherwise
+   the known carries simply stay in the residual loop. For ``while_loop``
+   (trip count unknown in advance, so nothing can be stacked) a condition
+   that depends only on known carries lets the known carries be folded: the
+   loop runs once now for them, and the residual loop still recomputes them.
+
+Loop bodies with effects are hoisted (effects are never folded, and stay in
+order) but not split.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from jax.extend.core import ClosedJaxpr
+from jax.extend.core import primitives as P
+
+from . import _compat
+from ._folding import Folder, nbytes, register_fold_rule, replay
+
+
+#: Stands for an input of a body that is never known (a carry, a scanned input).
+DYNAMIC = object()
+
+
+def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False):
+    """Fold the work of ``body`` that depends only on its concrete ``args``.
+
+    ``args`` are ``body``'s inputs: concrete values, tracers or ``DYNAMIC``;
+    its literals and closed-over constants are known too. Returns the new
+    body and its arguments: the folded values it still needs, then the
+    non-concrete ``args`` in order. Returns ``None`` when nothing could be
+    folded (unless ``force``).
+    """
+    concrete = [not isinstance(a, _compat.Tracer) and a is not DYNAMIC for a in args]
+    unknown_avals = [aval for aval, k in zip(body.in_avals, concrete) if not k]
+
+    def interpret(*unknown):
+        it = iter(unknown)
+        return replay(_compat.core_trace(), body, [a if k else next(it) for a, k in zip(args, concrete)])
+
+    stats = folder.stats
+    before = (Counter(stats.folded), stats.eliminated_branches)
+    jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="body")
+    jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
+    if not force and not any(concrete) and before == (stats.folded, stats.eliminated_branches):
+        return None  # nothing known inside: keep the body as it was
+    new_out = [v.aval for v in jaxpr.outvars]
+    if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
+        return None  # defensive: replaying must not change the body's type
+    stats.hoisted.update(stats.folded - before[0])
+    new_body = ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
+    return new_body, [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
+
+
+def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False):
+    """:func:`hoist` for a body whose leading inputs are ``consts``, the rest dynamic.
+
+    Returns the new body and its new leading constants, or ``None``.
+    """
+    n_rest = len(body.in_avals) - len(consts)
+    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force)
+    if hoisted is None:
+        return None
+    new_body, new_args = hoisted
+    return new_body, new_args[: len(new_args) - n_rest]
+
+
+@register_fold_rule(P.scan_p)
+def _scan(folder: Folder, trace, prim, args, params):
+    """Hoist known work out of a ``scan`` with some unknown inputs."""
+    if not folder.options.loops or all(folder.is_known(a) for a in args):
+        return NotImplemented
+    n_consts = params["num_consts"]
+    consts, rest = args[:n_consts], args[n_consts:]
+    hoisted = _hoist(folder, params["jaxpr"], consts)
+    n_known = 0
+    if hoisted is not None:
+        body, new_consts = hoisted
+        n_known = len(new_consts) - sum(isinstance(c, _compat.Tracer) for c in consts)
+        args = [*new_consts, *rest]
+        params = dict(params, jaxpr=body, num_consts=len(new_consts))
+    outs = _split_scan(folder, trace, prim, args, params, n_known)
+    if outs is not None:
+        return outs
+    folder.stats.staged[prim.name] += 1
+    return trace.stage(prim, args, params)
+
+
+def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
+    """Fold the part of a scan driven by known carries/xs, or ``None``.
+
+    The first ``n_known_consts`` constants are concrete; the others are
+    treated as unknown. Mirrors ``jax._src.lax.control_flow.loops
+    ._scan_partial_eval``, with the known loop evaluated now.
+    """
+    body: ClosedJaxpr = params["jaxpr"]
+    n_consts, n_carry, length = params["num_consts"], params["num_carry"], params["length"]
+    n_ys = len(body.out_avals) - n_carry
+    consts, init, xs = args[:n_consts], args[n_consts : n_consts + n_carry], args[n_consts + n_carry :]
+    const_uk = [i >= n_known_consts for i in range(n_consts)]
+    carry_uk = [not folder.is_known(c) for c in init]
+    xs_uk = [not folder.is_known(x) for x in xs]
+    if (all(carry_uk) and all(xs_uk)) or body.effects:
+        return None
+    # Residuals forwarded from known constants or xs are passed as they are.
+    fwd = [True] * n_consts + [False] * n_carry + [True] * len(xs)
+    for _ in range(1 + n_carry):  # each round makes at least one carry unknown
+        jk, ju, out_uk, res_avals, in_fwd = _compat.partial_eval_jaxpr_nounits_fwd(
+            body, const_uk + carry_uk + xs_uk, instantiate=carry_uk + [False] * n_ys, fwd=fwd
+        )
+        carry_out_uk = out_uk[:n_carry]
+        if carry_out_uk == carry_uk:
+            break
+        carry_uk = [a or b for a, b in zip(carry_uk, carry_out_uk)]
+    if all(carry_uk) and all(xs_uk):
+        return None
+    if length * sum(nbytes(a) for a in res_avals) > folder.options.loop_residual_bytes:
+        folder.stats.staged["scan (residual budget)"] += 1
+        return None
+
+    unknowns = const_uk + carry_uk + xs_uk
+    known_ins = [a for a, uk in zip(args, unknowns) if not uk]
+    unknown_ins = [a for a, uk in zip(args, unknowns) if uk]
+    n_known_carry = carry_uk.count(False)
+    n_known_outs = len(jk.out_avals) - len(res_avals)
+    known_params = dict(params, jaxpr=jk, num_consts=n_known_consts, num_carry=n_known_carry)
+    known_outs = _fold_now(folder, trace, prim, known_ins, known_params)
+    known_outs, stacked = known_outs[:n_known_outs], iter(known_outs[n_known_outs:])
+    offset = len(body.consts)  # in_fwd indexes [*body.consts, *known_ins]
+    residuals = [next(stacked) if f is None else [*body.consts, *known_ins][f] for f in in_fwd]
+    # Residuals computed per iteration, or forwarded from xs, are scanned over.
+    per_iter = [f is None or f >= offset + n_known_consts + n_known_carry for f in in_fwd]
+    ju = _compat.move_binders_to_back(ju, per_iter + [False] * len(unknown_ins))
+    int_res = [r for r, p in zip(residuals, per_iter) if not p]
+    ext_res = [r for r, p in zip(residuals, per_iter) if p]
+    unknown_params = dict(
+        params, jaxpr=ju, num_consts=len(int_res) + sum(const_uk), num_carry=sum(carry_uk)
+    )
+    folder.stats.staged[prim.name] += 1
+    unknown_outs = trace.stage(prim, [*int_res, *unknown_ins, *ext_res], unknown_params)
+    return _merge(out_uk, known_outs, unknown_outs)
+
+
+@register_fold_rule(P.while_p)
+def _while(folder: Folder, trace, prim, args, params):
+    """Hoist known work out of a ``while_loop``; fold its known carries."""
+    if not folder.options.loops or all(folder.is_known(a) for a in args):
+        return NotImplemented
+    cn, bn = params["cond_nconsts"], params["body_nconsts"]
+    cconsts, bconsts, init = args[:cn], args[cn : cn + bn], args[cn + bn :]
+    cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+    n_known_c = n_known_b = 0
+    if (hoisted := _hoist(folder, cond, cconsts)) is not None:
+        cond, new = hoisted
+        n_known_c = len(new) - sum(isinstance(c, _compat.Tracer) for c in cconsts)
+        cconsts = new
+    if (hoisted := _hoist(folder, body, bconsts)) is not None:
+        body, new = hoisted
+        n_known_b = len(new) - sum(isinstance(c, _compat.Tracer) for c in bconsts)
+        bconsts = new
+    args = [*cconsts, *bconsts, *init]
+    params = dict(
+        params, cond_jaxpr=cond, body_jaxpr=body, cond_nconsts=len(cconsts), body_nconsts=len(bconsts)
+    )
+    folder.stats.staged[prim.name] += 1
+    outs = trace.stage(prim, args, params)
+    known = _while_known_carries(folder, trace, prim, args, params, n_known_c, n_known_b)
+    if known is None:
+        return outs
+    carry_uk, known_outs = known
+    return _merge(carry_uk, known_outs, [o for o, uk in zip(outs, carry_uk) if uk])
+
+
+def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: int, n_known_b: int):
+    """``(carry_uk, values)`` of the carries a known condition keeps known.
+
+    Mirrors ``jax._src.lax.control_flow.loops._while_partial_eval``.
+    """
+    cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+    cn, bn = params["cond_nconsts"], params["body_nconsts"]
+    init = args[cn + bn :]
+    if cond.effects or body.effects:
+        return None
+    cconst_uk = [i >= n_known_c for i in range(cn)]
+    bconst_uk = [i >= n_known_b for i in range(bn)]
+    carry_uk = [not folder.is_known(c) for c in init]
+    for _ in range(1 + len(carry_uk)):
+        bk, _, out_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
+            body, bconst_uk + carry_uk, instantiate=carry_uk, fwd=False
+        )
+        if out_uk == carry_uk:
+            break
+        carry_uk = [a or b for a, b in zip(carry_uk, out_uk)]
+    if all(carry_uk):
+        return None
+    ck, _, cond_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
+        cond, cconst_uk + carry_uk, instantiate=False, fwd=False
+    )
+    if cond_uk[0]:
+        return None
+    n_known = carry_uk.count(False)
+    bk = bk.replace(jaxpr=bk.jaxpr.replace(outvars=bk.jaxpr.outvars[:n_known]))
+    ck = ck.replace(jaxpr=ck.jaxpr.replace(outvars=ck.jaxpr.outvars[:1]))
+    known_args = [
+        *args[:n_known_c],
+        *args[cn : cn + n_known_b],
+        *(c for c, uk in zip(init, carry_uk) if not uk),
+    ]
+    known_params = dict(
+        cond_jaxpr=ck, body_jaxpr=bk, cond_nconsts=n_known_c, body_nconsts=n_known_b
+    )
+    return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
+
+
+def hoist_branches(folder: Folder, trace, prim, index, operands, params):
+    """Hoist known work out of the branches of a ``cond`` with unknown index.
+
+    Each branch is replayed with the concrete operands known; what each one
+    folds becomes extra operands, which the other branches ignore.
+    """
+    if not any(not isinstance(o, _compat.Tracer) for o in operands):
+        return NotImplemented
+    hoisted = [_hoist(folder, b, operands, force=True) for b in params["branches"]]
+    if any(h is None for h in hoisted):
+        return NotImplemented
+    dynamic = [o for o in operands if isinstance(o, _compat.Tracer)]
+    n_dyn = len(dynamic)
+    consts = [new[: len(new) - n_dyn] for _, new in hoisted]
+    branches = []
+    for i, (body, _) in enumerate(hoisted):
+        jaxpr = body.jaxpr
+        own, rest = jaxpr.invars[: len(consts[i])], jaxpr.invars[len(consts[i]) :]
+        invars = []
+        for j, cs in enumerate(consts):  # unused binders for the other branches' values
+            invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
+        dbg = jaxpr.debug_info._replace(arg_names=None) if jaxpr.debug_info else None
+        branches.append(ClosedJaxpr(jaxpr.replace(invars=[*invars, *rest], debug_info=dbg), ()))
+    args = [index, *(c for cs in consts for c in cs), *dynamic]
+    folder.stats.staged[prim.name] += 1
+    return trace.stage(prim, args, dict(params, branches=tuple(branches)))
+
+
+def _fold_now(folder: Folder, trace, prim, args, params) -> list:
+    """Evaluate a loop whose inputs are all known (staging it if it cannot)."""
+    out = folder.default(trace, prim, args, params)
+    return trace.stage(prim, args, params) if out is NotImplemented else out
+
+
+def _merge(unknown: Sequence[bool], known_vals: Sequence[Any], unknown_vals: Sequence[Any]) -> list:
+    known_it, unknown_it = iter(known_vals), iter(unknown_vals)
+    return [next(unknown_it) if uk else next(known_it) for uk in unknown]

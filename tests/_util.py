@@ -1,0 +1,37 @@
+"""Helpers shared by the tests."""
+
+from __future__ import annotations
+
+import jax
+
+
+def all_eqns(jaxpr):
+    """Every equation of ``jaxpr``, sub-jaxprs (cond branches, loop bodies, calls) included."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in _subjaxprs(eqn):
+            yield from all_eqns(sub)
+
+
+def _subjaxprs(eqn):
+    for v in eqn.params.values():
+        for item in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(item, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
+                yield item
+
+
+def primitive_names(jaxpr) -> list[str]:
+    return [e.primitive.name for e in all_eqns(jaxpr)]
+
+
+class Counter:
+    """Wraps a function and counts how often Python runs it (i.e. traces)."""
+
+    def __init__(self, fun):
+        self.fun = fun
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fun(*args, **kwargs)

@@ -1,0 +1,248 @@
+"""The specialization cache: bounds, weak keys, cheap re-specialization, threads,
+and calls under outer transformations."""
+
+import threading
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pejit
+from pejit import FoldingSkippedWarning, pejit as pj
+
+
+class Counter:
+    """Wraps a function and counts how often Python runs it (traces)."""
+
+    def __init__(self, fun):
+        self.fun = fun
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fun(*args, **kwargs)
+
+
+def affine(a, x):
+    return jnp.linalg.inv(a) @ x + jnp.sin(a).sum() * x
+
+
+def spd(seed, n=4):
+    m = np.random.default_rng(seed).normal(size=(n, n)).astype(np.float32)
+    return jnp.asarray(m @ m.T + n * np.eye(n, dtype=np.float32))
+
+
+# -- the cache ---------------------------------------------------------------
+def test_cache_info_and_clear_like_functools():
+    f = pj(affine, constant_argnums=0)
+    a, x = spd(0), jnp.ones(4)
+    assert f.cache_info() == pejit.CacheInfo(0, 0, pejit.DEFAULT_CACHE_SIZE, 0)
+    f(a, x)
+    f(a, x)
+    f(a, 2 * x)
+    assert f.cache_info() == (2, 1, pejit.DEFAULT_CACHE_SIZE, 1)
+    f.cache_clear()
+    assert f.cache_info() == (0, 0, pejit.DEFAULT_CACHE_SIZE, 0)
+    np.testing.assert_allclose(f(a, x), affine(a, x), rtol=1e-5)
+
+
+def test_lru_bound_evicts_least_recently_used():
+    counted = Counter(affine)
+    f = pj(counted, constant_argnums=0, cache_size=2)
+    a, b, c = spd(0), spd(1), spd(2)
+    x = jnp.ones(4)
+    f(a, x), f(b, x), f(a, x), f(c, x)  # b is the least recently used
+    assert f.cache_info().currsize == 2
+    hits = f.cache_info().hits
+    f(a, x)
+    assert f.cache_info().hits == hits + 1
+    f(b, x)
+    assert f.cache_info().misses == 4
+
+
+def test_entry_dies_with_its_jax_array_constant():
+    f = pj(affine, constant_argnums=0)
+    x = jnp.ones(4)
+    keep = spd(0)
+    f(keep, x)
+    drop = spd(1)
+    f(drop, x)
+    assert f.cache_info().currsize == 2
+    del drop
+    assert f.cache_info().currsize == 1
+    f(keep, x)
+    assert f.cache_info().hits == 1
+
+
+def test_cache_size_is_validated():
+    with pytest.raises(ValueError, match="cache_size"):
+        pj(affine, constant_argnums=0, cache_size=-1)
+
+
+def test_mutated_numpy_constant_is_never_stale():
+    f = pj(affine, constant_argnums=0)
+    a = np.array(spd(0))
+    x = jnp.ones(4)
+    first = f(a, x)
+    a[0, 0] += 1.0
+    np.testing.assert_allclose(f(a, x), affine(jnp.asarray(a), x), rtol=1e-5)
+    assert not np.allclose(first, f(a, x))
+
+
+def test_read_only_numpy_constant_is_keyed_by_identity():
+    f = pj(affine, constant_argnums=0)
+    a = np.asarray(spd(0)).copy()
+    a.flags.writeable = False
+    x = jnp.ones(4)
+    f(a, x)
+    f(a, x)
+    assert f.cache_info()[:2] == (1, 1)
+    del a
+    assert f.cache_info().currsize == 0
+
+
+# -- cheap re-specialization ---------------------------------------------------
+def test_new_value_reuses_the_traced_and_compiled_programs():
+    counted = Counter(affine)
+    f = pj(counted, constant_argnums=0)
+    x = jnp.arange(4.0)
+    specs = []
+    for seed in range(3):
+        a = spd(seed)
+        np.testing.assert_allclose(f(a, x), affine(a, x), rtol=1e-4)
+        specs.append(f.specialize(a, x))
+    assert counted.calls == 1
+    assert specs[0].program is specs[1].program is specs[2].program
+    # the first value was folded equation by equation, the second compiled the folding program
+    assert specs[0].program.fold.compiled is not None
+    assert f.cache_info().misses == 3
+    assert specs[2].report.folded_eqns > 0
+    assert set(specs[2].report.residual) <= {"dot_general", "mul", "add"}
+
+
+def test_python_control_flow_on_a_constant_respecializes():
+    counted = Counter(lambda a, x: a @ x if a.sum() > 0 else -x)
+    f = pj(counted, constant_argnums=0)
+    a, x = spd(0), jnp.ones(4)
+    np.testing.assert_allclose(f(a, x), a @ x, rtol=1e-5)
+    np.testing.assert_allclose(f(-a, x), -x)
+    np.testing.assert_allclose(f(2 * a, x), 2 * a @ x, rtol=1e-5)
+    # one abstract attempt that needed a value, then one trace per value
+    assert counted.calls == 4
+
+
+def test_shapes_from_constant_values_respecialize():
+    counted = Counter(lambda a, x: a[a > 0].sum() * x)
+    f = pj(counted, constant_argnums=0)
+    x = jnp.ones(2)
+    for a in (jnp.array([1.0, -1.0, 2.0]), jnp.array([1.0, 3.0, 2.0]), jnp.array([-1.0, -3.0, 2.0])):
+        np.testing.assert_allclose(f(a, x), np.asarray(a)[np.asarray(a) > 0].sum() * np.ones(2))
+    assert counted.calls == 4
+
+
+def test_known_cond_index_is_value_dependent():
+    def g(i, x):
+        return jax.lax.switch(i, [lambda x: x + 1, lambda x: x * 10, lambda x: -x], x)
+
+    counted = Counter(g)
+    f = pj(counted, constant_argnums=0)
+    x = jnp.arange(3.0)
+    for i in (0, 1, 2, 1):
+        idx = jnp.asarray(i)
+        np.testing.assert_allclose(f(idx, x), g(idx, x))
+        assert "cond" not in f.report(idx, x).residual
+
+
+# -- threads -------------------------------------------------------------------
+@pytest.mark.parametrize("value_dependent", [False, True])
+def test_eight_threads_one_trace_one_fold(value_dependent):
+    fun = (lambda a, x: a @ x if a.sum() > 0 else -x) if value_dependent else affine
+    counted = Counter(fun)
+    f = pj(counted, constant_argnums=0)
+    a, x = spd(3), jnp.arange(4.0)
+    barrier = threading.Barrier(8)
+    results = [None] * 8
+
+    def work(k):
+        barrier.wait()
+        results[k] = np.asarray(f(a, x))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counted.calls == (2 if value_dependent else 1)
+    assert f.cache_info()[:2] == (7, 1)
+    for r in results:
+        np.testing.assert_array_equal(r, results[0])
+
+
+# -- under outer transformations -----------------------------------------------
+def test_traced_constant_is_treated_as_dynamic_with_one_warning():
+    f = pj(affine, constant_argnums=0)
+    a, x = spd(0), jnp.arange(4.0)
+    with pytest.warns(FoldingSkippedWarning, match="argument 0 is a tracer"):
+        out = jax.jit(f)(a, x)
+    np.testing.assert_allclose(out, affine(a, x), rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per function
+        g = jax.grad(lambda a: f(a, x).sum())(a)
+        batched = jax.vmap(f, in_axes=(0, None))(jnp.stack([a, 2 * a]), x)
+    np.testing.assert_allclose(g, jax.grad(lambda a: affine(a, x).sum())(a), rtol=1e-4)
+    np.testing.assert_allclose(batched[1], affine(2 * a, x), rtol=1e-5)
+    assert issubclass(FoldingSkippedWarning, pejit.PejitWarning)
+
+
+def test_outer_transformation_of_dynamic_arguments_still_folds():
+    counted = Counter(affine)
+    f = pj(counted, constant_argnums=0)
+    a = spd(0)
+    xs = jnp.arange(12.0).reshape(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = jax.vmap(f, in_axes=(None, 0))(a, xs)
+        grad = jax.grad(lambda x: f(a, x).sum())(xs[0])
+        jitted = jax.jit(lambda x: f(a, x))(xs[1])
+    np.testing.assert_allclose(out, jax.vmap(affine, in_axes=(None, 0))(a, xs), rtol=1e-5)
+    np.testing.assert_allclose(grad, jax.grad(lambda x: affine(a, x).sum())(xs[0]), rtol=1e-4)
+    np.testing.assert_allclose(jitted, affine(a, xs[1]), rtol=1e-5)
+    assert counted.calls == 1  # one specialization, folded once, shared by all three
+    assert f.report(a, xs[0]).folded_eqns > 0
+
+
+def test_numpy_constants_reuse_the_program_too():
+    counted = Counter(affine)
+    f = pj(counted, constant_argnums=0)
+    x = jnp.arange(4.0)
+    for seed in range(3):
+        a = np.array(spd(seed))
+        np.testing.assert_allclose(f(a, x), affine(jnp.asarray(a), x), rtol=1e-4)
+    assert counted.calls == 1
+
+
+def test_options_are_validated_and_reach_pe():
+    with pytest.raises(TypeError, match="constant_shardings"):
+        pj(affine, constant_argnums=0, constant_shardings="rows")
+    f = pejit.pe(affine, constant_argnums=0, cache_size=1)
+    a, b, x = spd(0), spd(1), jnp.ones(4)
+    f(a, x), f(b, x)
+    assert f.cache_info().maxsize == 1 and f.cache_info().currsize == 1
+
+
+def test_control_flow_in_the_residual_is_folded_per_value():
+    # pejit's passes hoist known work out of loops by evaluating it, which
+    # abstract constants cannot give: such specializations fold each value.
+    def g(a, xs):
+        return jax.lax.scan(lambda c, x: (c + jnp.linalg.inv(a) @ x, None), jnp.zeros(4), xs)[0]
+
+    f = pj(g, constant_argnums=0)
+    xs = jnp.ones((3, 4))
+    for seed in range(2):
+        a = spd(seed)
+        np.testing.assert_allclose(f(a, xs), g(a, xs), rtol=1e-4)
+        spec = f.specialize(a, xs)
+        assert spec.program.fold is None
+        assert "getrf" not in str(spec.residual.jaxpr) and "lu" not in spec.report.residual

@@ -1,0 +1,381 @@
+"""The IR passes: branch elimination, loop hoisting, calls, cost-aware folding,
+constants as buffers, and their ``FoldOptions`` switches.
+
+Each test inspects the residual jaxpr (recursively, sub-jaxprs included) and
+compares values with ``jax.jit`` of the same function.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+
+import pejit
+from pejit import FoldOptions
+
+#: Primitives of LAPACK-backed linear algebra (what ``inv``/``solve`` lower to).
+LAPACK = {"lu", "lu_pivots_to_permutation", "triangular_solve", "cholesky", "custom_linear_solve", "getrf"}
+
+A = jnp.array([[2.0, 0.5, 0.0], [0.1, 3.0, 0.2], [0.0, 0.3, 1.5]])
+X = jnp.array([1.0, -2.0, 0.5])
+
+
+def prims(jaxpr) -> list[str]:
+    """Primitive names of every equation, sub-jaxprs included."""
+    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    names = []
+    for eqn in jaxpr.eqns:
+        names.append(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(sub, (ClosedJaxpr, Jaxpr)):
+                    names += prims(sub)
+    return names
+
+
+def residual(fun, *args, constant_argnums=0, **options):
+    """``(residual ClosedJaxpr, report, pejit value)`` for ``fun(*args)``."""
+    f = pejit.pejit(fun, constant_argnums=constant_argnums, fold_options=FoldOptions(**options))
+    spec = f.specialize(*args)
+    return spec.residual.jaxpr, spec.report, f(*args)
+
+
+def assert_matches_jit(fun, *args, **options):
+    jaxpr, report, got = residual(fun, *args, **options)
+    want = jax.jit(fun)(*args)
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
+    return jaxpr, report
+
+
+# -- 1. branches ---------------------------------------------------------
+
+
+def _cond_in_scan(flag, x):
+    body = lambda c, _: (lax.cond(flag > 0, jnp.sin, jnp.cos, c), None)  # noqa: E731
+    return lax.scan(body, x, length=4)[0]
+
+
+def _cond_in_while(flag, x):
+    body = lambda c: lax.cond(flag > 0, lambda c: 2 * c + 1, lambda c: 3 * c + 1, c)  # noqa: E731
+    return lax.while_loop(lambda c: jnp.sum(c) < 100.0, body, x)
+
+
+def _switch_in_jit(i, x):
+    return jax.jit(lambda i, x: lax.switch(i, [jnp.sin, jnp.cos, jnp.tanh], x))(i, x)
+
+
+def _cond_in_jit_in_scan(flag, x):
+    inner = jax.jit(lambda f, c: lax.cond(f > 0, jnp.sin, jnp.cos, c))
+    return lax.scan(lambda c, _: (inner(flag, c), None), x, length=3)[0]
+
+
+@pytest.mark.parametrize(
+    "fun, const",
+    [
+        (lambda p, x: lax.cond(p, jnp.sin, jnp.cos, x), True),
+        (lambda i, x: lax.switch(i, [jnp.sin, jnp.cos, jnp.tanh], x), 1),
+        (_cond_in_scan, 1.0),
+        (_cond_in_while, -1.0),
+        (_switch_in_jit, 2),
+        (_cond_in_jit_in_scan, 1.0),
+    ],
+    ids=["cond", "switch", "in_scan", "in_while", "in_jit", "in_jit_in_scan"],
+)
+def test_known_index_leaves_only_the_taken_branch(fun, const):
+    jaxpr, report = assert_matches_jit(fun, const, X)
+    assert "cond" not in prims(jaxpr)
+    assert report.eliminated_branches >= 1
+
+
+def test_unknown_index_hoists_known_work_out_of_branches():
+    def f(A, x):
+        branches = [lambda x: jnp.linalg.inv(A) @ x, lambda x: x * A[0, 0], jnp.cos]
+        return lax.switch(jnp.int32(x[0]), branches, x)
+
+    for x in (X, -X, 2 * X):
+        jaxpr, _ = assert_matches_jit(f, A, x)
+        names = prims(jaxpr)
+        assert "cond" in names and not LAPACK & set(names)
+
+
+# -- 2. loops ------------------------------------------------------------
+
+
+def _scan_inv(A, x):
+    return lax.scan(lambda c, _: (jnp.linalg.inv(A) @ c, None), x, length=100)[0]
+
+
+def test_scan_hoists_loop_invariant_inverse():
+    jaxpr, _ = assert_matches_jit(_scan_inv, A, X)
+    names = prims(jaxpr)
+    assert "scan" in names and "dot_general" in names
+    assert not LAPACK & set(names)
+
+
+def test_while_hoists_from_body_and_condition():
+    def f(A, x):
+        cond = lambda c: jnp.sum(jnp.linalg.inv(2 * A) @ c[1]) < 50.0  # noqa: E731
+        body = lambda c: (c[0] + 1, jnp.linalg.inv(A) @ c[1] + c[1])  # noqa: E731
+        return lax.while_loop(cond, body, (0, x))
+
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    names = prims(jaxpr)
+    assert "while" in names and not LAPACK & set(names)
+
+
+def test_fori_loop_hoists_invariant_work():
+    jaxpr, _ = assert_matches_jit(lambda A, x: lax.fori_loop(0, 10, lambda i, c: jnp.linalg.inv(A) @ c * i, x), A, X)
+    assert not LAPACK & set(prims(jaxpr))
+
+
+def _per_iteration(A, x):
+    return lax.fori_loop(0, 10, lambda i, c: jnp.linalg.inv(A + i) @ c, x)
+
+
+def test_known_counter_work_folds_into_stacked_residuals():
+    # inv(A + i) depends on the known counter: folded once per iteration, its
+    # 10 results stacked into one constant the residual loop scans over.
+    jaxpr, report = assert_matches_jit(_per_iteration, A, X)
+    assert not LAPACK & set(prims(jaxpr))
+    assert report.folded_bytes == 10 * A.nbytes
+
+
+def test_stacked_residuals_respect_the_budget():
+    jaxpr, report = assert_matches_jit(_per_iteration, A, X, loop_residual_bytes=10 * A.nbytes - 1)
+    assert LAPACK & set(prims(jaxpr))
+    assert report.folded_bytes < 10 * A.nbytes
+
+
+def test_known_scanned_inputs_fold():
+    f = lambda As, x: lax.scan(lambda c, a: (jnp.linalg.inv(a) @ c, jnp.sum(c)), x, As)  # noqa: E731
+    jaxpr, _ = assert_matches_jit(f, jnp.stack([A, 2 * A, A.T]), X)
+    assert not LAPACK & set(prims(jaxpr))
+
+
+def test_fully_known_loops_fold_entirely():
+    def f(A, x):
+        s = lax.fori_loop(0, 5, lambda i, c: c @ A + i, A)
+        w = lax.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1] @ A), (0, A))[1]
+        return (s + w) @ x
+
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    assert prims(jaxpr) == ["dot_general"]
+
+
+def test_while_known_carries_fold():
+    # The counter is known on every iteration and alone decides termination:
+    # its final value is a constant of the residual program.
+    f = lambda A, x: lax.while_loop(lambda c: c[0] < 7, lambda c: (c[0] + 1, A @ c[1]), (0, x))  # noqa: E731
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    consts = dict(zip(jaxpr.jaxpr.constvars, jaxpr.consts))
+    assert consts[jaxpr.jaxpr.outvars[0]] == 7
+
+
+def test_loop_effects_stay_and_run_every_iteration():
+    seen = []
+
+    def f(A, x):
+        def body(c):
+            jax.debug.callback(lambda i: seen.append(int(i)), c[0])
+            return c[0] + 1, jnp.linalg.inv(A) @ c[1]
+
+        return lax.while_loop(lambda c: c[0] < 3, body, (0, x))[1]
+
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    assert "debug_callback" in prims(jaxpr) and not LAPACK & set(prims(jaxpr))
+    seen.clear()
+    jax.block_until_ready(pejit.pejit(f, constant_argnums=0)(A, X))
+    jax.effects_barrier()
+    assert seen == [0, 1, 2]
+
+
+def test_effects_on_constants_in_loop_bodies_stay(capfd):
+    def f(A, x):
+        def body(c, _):
+            jax.debug.print("a00 = {}", A[0, 0])
+            return 2 * c, None
+
+        return lax.scan(body, x, length=2)[0]
+
+    g = pejit.pejit(f, constant_argnums=0)
+    capfd.readouterr()
+    for _ in range(2):
+        jax.block_until_ready(g(A, X))
+    jax.effects_barrier()
+    assert capfd.readouterr().out.count("a00 = 2.0") == 4
+
+
+# -- 3. calls ------------------------------------------------------------
+
+
+def test_nested_jit_with_mixed_inputs_is_specialized():
+    f = lambda A, x: jax.jit(lambda a, y: jnp.linalg.inv(a) @ y + y)(A, x)  # noqa: E731
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    assert "jit" not in prims(jaxpr) and not LAPACK & set(prims(jaxpr))
+
+
+def test_nested_jit_closing_over_constants_is_specialized():
+    def f(A, x):
+        solve = jax.jit(lambda y: jnp.linalg.inv(A) @ y)
+        return solve(x)
+
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    assert not LAPACK & set(prims(jaxpr))
+
+
+def test_checkpoint_keeps_its_body_folded_and_its_rule():
+    f = lambda A, x: jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.linalg.inv(A) @ y))(x))  # noqa: E731
+    jaxpr, _ = assert_matches_jit(f, A, X)
+    names = prims(jaxpr)
+    assert "checkpoint" in names or "remat2" in names
+    assert not LAPACK & set(names)
+    got = jax.grad(pejit.pejit(f, constant_argnums=0), argnums=1)(A, X)
+    np.testing.assert_allclose(got, jax.grad(f, argnums=1)(A, X), rtol=1e-5)
+
+
+@jax.custom_vjp
+def _scaled(a, x):
+    return jnp.sin(a) * x
+
+
+def _scaled_fwd(a, x):
+    return _scaled(a, x), (a, x)
+
+
+def _scaled_bwd(res, g):  # deliberately not the derivative of the primal
+    a, x = res
+    return 7.0 * g * x, 3.0 * g * a
+
+
+_scaled.defvjp(_scaled_fwd, _scaled_bwd)
+
+
+@jax.custom_jvp
+def _clipped(a, x):
+    return jnp.sin(a) * x
+
+
+@_clipped.defjvp
+def _clipped_jvp(primals, tangents):
+    return _clipped(*primals), 5.0 * tangents[1]
+
+
+@pytest.mark.parametrize("custom", [_scaled, _clipped], ids=["custom_vjp", "custom_jvp"])
+def test_custom_rules_govern_derivatives_of_dynamic_inputs(custom):
+    loss = lambda a, x: jnp.sum(custom(2.0 * a, x) ** 2)  # noqa: E731
+    jaxpr, _ = assert_matches_jit(loss, X, A[0])
+    assert any(n.startswith("custom_") for n in prims(jaxpr))
+    got = jax.grad(pejit.pejit(loss, constant_argnums=0), argnums=1)(X, A[0])
+    want = jax.grad(jax.jit(lambda x: loss(X, x)))(A[0])
+    autodiff = jax.grad(lambda x: jnp.sum((jnp.sin(2.0 * X) * x) ** 2))(A[0])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert not np.allclose(got, autodiff)  # the custom rule was used
+
+
+def test_custom_rule_inside_a_loop_body_survives_hoisting():
+    def loss(a, x):
+        body = lambda c, _: (_scaled(jnp.linalg.norm(a) * a, c), None)  # noqa: E731
+        return jnp.sum(lax.scan(body, x, length=3)[0])
+
+    jaxpr, _ = assert_matches_jit(loss, X, A[0])
+    names = prims(jaxpr)
+    assert "custom_vjp_call" in names and "sqrt" not in names  # the norm was hoisted
+    got = jax.grad(pejit.pejit(loss, constant_argnums=0), argnums=1)(X, A[0])
+    np.testing.assert_allclose(got, jax.grad(jax.jit(lambda x: loss(X, x)))(A[0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("custom", [_scaled, _clipped], ids=["custom_vjp", "custom_jvp"])
+def test_custom_rules_with_known_inputs_fold(custom):
+    jaxpr, _ = assert_matches_jit(lambda a, x: custom(a, a) * x, X, A[0])
+    assert prims(jaxpr) == ["mul"]
+
+
+# -- 4. cost-aware folding -------------------------------------------------
+
+
+def test_expansion_is_not_materialized():
+    f = lambda c, x: jnp.ones((4096, 4096)) * c + x  # noqa: E731
+    x = jnp.ones((4096, 4096))
+    jaxpr, report = residual(f, 2.0, x)[:2]
+    assert report.folded_bytes <= 1024
+    assert "broadcast_in_dim" in prims(jaxpr)
+    np.testing.assert_array_equal(pejit.pejit(f, constant_argnums=0)(2.0, x[:1, :1]), 3.0)
+
+
+def test_expensive_work_feeding_an_expansion_still_folds():
+    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) @ x  # noqa: E731
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    names = prims(jaxpr)
+    assert "broadcast_in_dim" in names and not LAPACK & set(names)
+    assert report.folded_bytes == A.nbytes
+
+
+# -- 5. constants as buffers -----------------------------------------------
+
+
+def test_scalars_become_literals_and_arrays_arguments():
+    f = lambda B, s, v: jnp.cos(B) @ v * jnp.sum(s)  # noqa: E731
+    B = jnp.linspace(0.0, 1.0, 256 * 256).reshape(256, 256)
+    jaxpr, report = residual(f, B, 3.0, jnp.ones(256), constant_argnums=(0, 1))[:2]
+    assert [c.shape for c in jaxpr.consts] == [(256, 256)]
+    literals = [a.val for e in jaxpr.jaxpr.eqns for a in e.invars if isinstance(a, Literal)]
+    assert 3.0 in literals
+
+    hlo = pejit.pejit(f, constant_argnums=(0, 1)).lower(B, 3.0, jnp.ones(256)).as_text()
+    main = next(line for line in hlo.splitlines() if "func.func public @main" in line)
+    assert "%arg0: tensor<256x256xf32>" in main
+    assert not re.search(r"dense<[^>]{100,}", hlo)  # no large constant in the program
+
+
+# -- 7. every pass has a switch ----------------------------------------------
+
+_SWITCHED = {
+    "branches": (lambda p, x: lax.cond(p, jnp.sin, jnp.cos, x), (True, X)),
+    "calls": (lambda A, x: jax.jit(lambda a, y: jnp.linalg.inv(a) @ y)(A, x), (A, X)),
+    "loops": (_scan_inv, (A, X)),
+    "rematerialize": (lambda c, x: jnp.full((64, 64), 1.0) * c + x, (2.0, jnp.ones((64, 64)))),
+    "literals": (lambda c, x: x * c, (2.0, X)),
+}
+
+
+@pytest.mark.parametrize("switch", sorted(_SWITCHED))
+def test_each_pass_can_be_turned_off(switch):
+    fun, args = _SWITCHED[switch]
+    on_jaxpr, on_report, on = residual(fun, *args)
+    off_jaxpr, off_report, off = residual(fun, *args, **{switch: False})
+    np.testing.assert_allclose(off, on, rtol=1e-6)
+    np.testing.assert_allclose(on, jax.jit(fun)(*args), rtol=1e-5)
+    # Off, the residual program does more work or takes more constants.
+    more_work = len(prims(off_jaxpr)) > len(prims(on_jaxpr))
+    more_consts = len(off_jaxpr.consts) > len(on_jaxpr.consts) or off_report.folded_bytes > on_report.folded_bytes
+    assert more_work or more_consts
+
+
+def test_fold_options_are_validated():
+    with pytest.raises(TypeError, match="fold_options"):
+        pejit.pejit(lambda x: x, fold_options={"loops": False})
+
+
+def test_report_counts_hoisted_work():
+    report = residual(_scan_inv, A, X)[1]
+    assert report.hoisted["jit"] == report.folded["jit"] == 1  # the call to inv
+    assert "hoisted out of loops" in str(report)
+
+
+def test_python_control_flow_on_constants_inside_loop_bodies():
+    def f(A, x):
+        def body(c, _):
+            if A.sum() > 0:  # needs A's value while JAX traces the body
+                return c * A[A > 0.2].sum(), None  # and a data-dependent shape
+            return c, None
+
+        return lax.scan(body, x, length=1)[0]
+
+    got = pejit.pejit(f, constant_argnums=0)(A, X)
+    np.testing.assert_allclose(got, X * A[A > 0.2].sum(), rtol=1e-6)
+    with pytest.raises(jax.errors.TracerBoolConversionError):
+        pejit.pejit(f, constant_argnums=1)(A, X)  # A dynamic: a real error
