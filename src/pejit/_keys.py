@@ -106,7 +106,8 @@ def structure_key(leaves: list[Any]) -> tuple:
 
 def _leaf_structure(leaf: Any) -> Any:
     if isinstance(leaf, jax.Array):
-        return ("array", leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding)
+        # PRNG key arrays have no weak_type before JAX 0.8
+        return ("array", leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), leaf.sharding)
     if isinstance(leaf, np.ndarray):
         return ("numpy", leaf.shape, leaf.dtype)
     return (type(leaf), leaf)
