@@ -159,7 +159,7 @@ def test_front_end_misuse():
 
 def test_dynamic_non_array_leaf_is_an_error():
     g = pejit(lambda c, x: c + len(x), constant_argnums=0)
-    with pytest.raises(TypeError, match=r"dynamic argument has a leaf of type str"):
+    with pytest.raises(TypeError, match=r"argument 1 is dynamic but has a leaf of type str"):
         g(1.0, "abc")
 
 

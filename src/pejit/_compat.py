@@ -29,12 +29,31 @@ here. What we use, and why no public API does the job:
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
   that ``DynamicJaxprTrace`` requires.
+* ``dtypes.canonicalize_value``: outputs that are Python or NumPy values
+  become JAX values, as ``jax.jit`` makes them; known Python scalars are
+  staged the way ``Primitive.bind`` would.
+* ``pjit.pjit_p`` (JAX < 0.7 only; public as ``jax.extend.core.primitives.jit_p``
+  since): the primitive of a nested ``jax.jit`` call, which a fold rule
+  specializes through; ``ad_checkpoint.remat_p`` (JAX < 0.8 only; public
+  since), ``jax.checkpoint``'s primitive, which a fold rule and the FLOP
+  counter look into.
+
+Supported JAX versions: 0.7.0 and newer (CI tests 0.7.0 and the newest).
+Version differences handled here, by feature detection:
+
+* ``Primitive.bind_with_trace`` takes the input avals since JAX 0.10;
+* ``DebugInfo.result_paths`` must be resolved before ``to_jaxpr`` in 0.7;
+* ``DynamicJaxprTrace.new_const`` accepts non-canonical constants (Python
+  scalars, NumPy arrays) before 0.10, and asserts on them since.
+
+JAX 0.6 is out of reach without a second implementation: its
+``DynamicJaxprTracer`` does not carry its ``Var`` (the frame maps tracer ids
+to variables), and there is no ``var_to_tracer`` hook, while the folding
+policy identifies lazy values by their ``Var``.
 * ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
   compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
 * ``core.eval_trace``: evaluating known work (op by op, or by compiling it
   with ``jax.jit``) from inside the folding trace.
-* ``dtypes.canonicalize_value``: staging a known Python scalar the way
-  ``Primitive.bind`` would.
 * ``mlir._lowerings``: whether a known sub-program can be compiled at all
   (primitives with only an ``impl`` must run op by op).
 """
@@ -42,6 +61,7 @@ here. What we use, and why no public API does the job:
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,6 +76,34 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
+
+try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
+    from jax.extend.core.primitives import jit_p
+except ImportError:  # JAX 0.6: only internal, named pjit_p
+    from jax._src.pjit import pjit_p as jit_p
+try:  # jax.checkpoint's primitive (public since JAX 0.8)
+    from jax.extend.core.primitives import remat_p
+except ImportError:
+    from jax._src.ad_checkpoint import remat_p
+
+# JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
+# scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
+_canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
+
+
+def _canonical_output(name: str, i: int, x: Any) -> Any:
+    """Python and NumPy outputs become JAX values, as under ``jax.jit``."""
+    if isinstance(x, core.Tracer):
+        return x
+    try:
+        core.typeof(x)
+    except TypeError:
+        raise TypeError(
+            f"{name} returned a value of type {type(x).__name__} as its output leaf {i}, "
+            "which is not a valid JAX type"
+        ) from None
+    return _canonicalize_value(x)
+
 
 ArrayImpl = _array.ArrayImpl
 Tracer = core.Tracer
@@ -99,16 +147,31 @@ def eager_constant_folding(enabled: bool):
     return _config.eager_constant_folding(enabled)
 
 
+if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.10
+
+    def _bind(prim, trace, args, params):
+        return prim.bind_with_trace(trace, args, tuple(core.typeof(x) for x in args), params)
+
+else:
+
+    def _bind(prim, trace, args, params):
+        return prim.bind_with_trace(trace, args, params)
+
+
 def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     """Bind ``prim`` on known ``args``: eagerly, or on the trace they come from.
 
     Known values are concrete, except when pejit builds a value-independent
     folding program: then the constants are tracers of that program's (outer)
     ``jax.jit`` trace, and folding an equation stages it there.
+
+    Our trace may turn on ``eager_constant_folding``; it must not leak into
+    the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
+    has no eager rule in JAX 0.7).
     """
-    avals = tuple(core.typeof(x) for x in args)
     outer = next((x._trace for x in args if isinstance(x, core.Tracer)), core.eval_trace)
-    return prim.bind_with_trace(outer, tuple(args), avals, params)
+    with _config.eager_constant_folding(False):
+        return _bind(prim, outer, tuple(args), params)
 
 
 def at_top_level():
@@ -222,7 +285,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
 def _canonical(args):
     """Values as ``Primitive.bind`` passes them on (a known value unwrapped
     from a literal may be a Python scalar, which staging rejects)."""
-    return [x if isinstance(x, core.Tracer) else dtypes.canonicalize_value(x) for x in args]
+    return [x if isinstance(x, core.Tracer) else _canonicalize_value(x) for x in args]
 
 
 def trace_staging(
@@ -246,7 +309,6 @@ def trace_staging(
     folding effects and expansions inside those bodies.
     """
     dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
-    dbg = dbg._replace(result_paths=None)
     wrapped = lu.wrap_init(fun, debug_info=dbg)
     trace = StagingTrace(dbg, core.trace_ctx.trace, policy)
     with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
@@ -254,9 +316,11 @@ def trace_staging(
         in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
         with core.set_current_trace(trace), _config.eager_constant_folding(eager_bodies):
             ans = wrapped.call_wrapped(*in_tracers)
-        _pe._check_returned_jaxtypes(dbg, ans)
-        ans = [dtypes.canonicalize_value(x) for x in ans]
+        ans = [_canonical_output(name, i, x) for i, x in enumerate(ans)]
         out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
+        # Name the outputs now that we know how many there are (JAX 0.7
+        # requires resolved result paths here).
+        dbg = dbg._replace(result_paths=tuple(f"result[{i}]" for i in range(len(out_tracers))))
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
         del trace, in_tracers, out_tracers, ans
     return policy.finalize(jaxpr, list(consts))

@@ -17,6 +17,7 @@ from typing import Any
 
 from jax.extend.core import primitives as P
 
+from . import _compat
 from ._folding import ELEMENTWISE
 
 #: ``rule(eqn) -> float``: estimated FLOPs of one equation.
@@ -122,7 +123,7 @@ def _fft(eqn):
     return 5 * _size(eqn.invars[0]) * math.log2(max(n, 2))
 
 
-@register_flop_rule(P.jit_p, P.closed_call_p, P.remat_p)
+@register_flop_rule(_compat.jit_p, P.closed_call_p, _compat.remat_p)
 def _call(eqn):
     sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
     return jaxpr_flops(sub)

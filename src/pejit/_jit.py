@@ -364,11 +364,11 @@ class Pejitted:
         key inline.
         """
         key = [constant_key(i, args[i]) for i in layout.const]
-        key += [dynamic_key(args[i]) for i in layout.dyn]
+        key += [dynamic_key(args[i], i) for i in layout.dyn]
         if kwargs:
             fixed = self._fixed_names
             key.append((_KW, tuple(sorted(
-                (k, constant_key(k, v) if k in fixed else dynamic_key(v)) for k, v in kwargs.items()
+                (k, constant_key(k, v) if k in fixed else dynamic_key(v, k)) for k, v in kwargs.items()
             ))))
         return tuple(key)
 
@@ -598,7 +598,7 @@ def _has_control_flow(jaxpr) -> bool:
             sub for v in eqn.params.values() for sub in (v if isinstance(v, (tuple, list)) else (v,))
             if isinstance(sub, (Jaxpr, ClosedJaxpr))
         ]
-        if subs and eqn.primitive is not P.jit_p:
+        if subs and eqn.primitive is not _compat.jit_p:
             return True
         if any(_has_control_flow(getattr(sub, "jaxpr", sub)) for sub in subs):
             return True

@@ -106,18 +106,49 @@ def structure_key(leaves: list[Any]) -> tuple:
 
 def _leaf_structure(leaf: Any) -> Any:
     if isinstance(leaf, jax.Array):
-        return ("array", leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding)
+        # PRNG key arrays have no weak_type before JAX 0.8
+        return ("array", leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), leaf.sharding)
     if isinstance(leaf, np.ndarray):
         return ("numpy", leaf.shape, leaf.dtype)
     return (type(leaf), leaf)
 
 
-def dynamic_key(value: Any) -> Any:
-    """The part of a call's key that a dynamic argument contributes: its type."""
+def dynamic_key(value: Any, what: int | str | None = None) -> Any:
+    """The part of a call's key that a dynamic argument contributes: its type.
+
+    ``what`` (a position or a keyword) names the argument in error messages.
+    """
     if type(value) is _compat.ArrayImpl or isinstance(value, _compat.Tracer):
         return value.aval
     leaves, treedef = _flatten(value)
-    return (treedef, tuple([dynamic_aval(leaf) for leaf in leaves]))
+    try:
+        return (treedef, tuple([dynamic_aval(leaf) for leaf in leaves]))
+    except NotAnArray:
+        if what is None:
+            raise
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                dynamic_aval(leaf)
+            except NotAnArray as e:
+                name = what if isinstance(what, int) else repr(what)
+                e.where = f"argument {name}{jax.tree_util.keystr(path)} is dynamic but has a leaf"
+                raise e from None
+        raise
+
+
+class NotAnArray(TypeError):
+    """A dynamic argument's leaf is not an array: it should be constant."""
+
+    def __init__(self, leaf: Any, where: str = "a dynamic argument has a leaf"):
+        super().__init__()
+        self.leaf_type = type(leaf).__name__
+        self.where = where
+
+    def __str__(self) -> str:
+        return (
+            f"pejit: {self.where} of type {self.leaf_type}, which is not a JAX array "
+            "type; mark the argument constant (or static) to pass non-array values"
+        )
 
 
 def dynamic_aval(leaf: Any) -> Any:
@@ -126,8 +157,4 @@ def dynamic_aval(leaf: Any) -> Any:
     try:
         return jax.typeof(leaf)
     except TypeError:
-        raise TypeError(
-            f"pejit: a dynamic argument has a leaf of type {type(leaf).__name__}, "
-            "which is not a JAX array type; mark the argument constant (or static) "
-            "to pass non-array values"
-        ) from None
+        raise NotAnArray(leaf) from None

@@ -104,7 +104,7 @@ def _scan(folder: Folder, trace, prim, args, params):
         body, new_consts = hoisted
         n_known = len(new_consts) - sum(isinstance(c, _compat.Tracer) for c in consts)
         args = [*new_consts, *rest]
-        params = dict(params, jaxpr=body, num_consts=len(new_consts))
+        params = dict(params, jaxpr=body, num_consts=len(new_consts), **_linear(params, len(args)))
     outs = _split_scan(folder, trace, prim, args, params, n_known)
     if outs is not None:
         return outs
@@ -149,7 +149,9 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     unknown_ins = [a for a, uk in zip(args, unknowns) if uk]
     n_known_carry = carry_uk.count(False)
     n_known_outs = len(jk.out_avals) - len(res_avals)
-    known_params = dict(params, jaxpr=jk, num_consts=n_known_consts, num_carry=n_known_carry)
+    known_params = dict(
+        params, jaxpr=jk, num_consts=n_known_consts, num_carry=n_known_carry, **_linear(params, len(known_ins))
+    )
     known_outs = _fold_now(folder, trace, prim, known_ins, known_params)
     known_outs, stacked = known_outs[:n_known_outs], iter(known_outs[n_known_outs:])
     offset = len(body.consts)  # in_fwd indexes [*body.consts, *known_ins]
@@ -160,7 +162,8 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     int_res = [r for r, p in zip(residuals, per_iter) if not p]
     ext_res = [r for r, p in zip(residuals, per_iter) if p]
     unknown_params = dict(
-        params, jaxpr=ju, num_consts=len(int_res) + sum(const_uk), num_carry=sum(carry_uk)
+        params, jaxpr=ju, num_consts=len(int_res) + sum(const_uk), num_carry=sum(carry_uk),
+        **_linear(params, len(int_res) + len(unknown_ins) + len(ext_res)),
     )
     folder.stats.staged[prim.name] += 1
     unknown_outs = trace.stage(prim, [*int_res, *unknown_ins, *ext_res], unknown_params)
@@ -259,11 +262,21 @@ def hoist_branches(folder: Folder, trace, prim, index, operands, params):
         invars = []
         for j, cs in enumerate(consts):  # unused binders for the other branches' values
             invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
-        dbg = jaxpr.debug_info._replace(arg_names=None) if jaxpr.debug_info else None
-        branches.append(ClosedJaxpr(jaxpr.replace(invars=[*invars, *rest], debug_info=dbg), ()))
+        invars = [*invars, *rest]
+        # Unnamed binders (JAX 0.7 needs a tuple here, not None).
+        dbg = jaxpr.debug_info._replace(arg_names=("",) * len(invars)) if jaxpr.debug_info else None
+        branches.append(ClosedJaxpr(jaxpr.replace(invars=invars, debug_info=dbg), ()))
     args = [index, *(c for cs in consts for c in cs), *dynamic]
     folder.stats.staged[prim.name] += 1
     return trace.stage(prim, args, dict(params, branches=tuple(branches)))
+
+
+def _linear(params: dict, n: int) -> dict:
+    """``scan``'s ``linear`` for ``n`` new inputs (JAX < 0.10 has and checks it).
+
+    All False is always sound: it only enables a transposition shortcut.
+    """
+    return {"linear": (False,) * n} if "linear" in params else {}
 
 
 def _fold_now(folder: Folder, trace, prim, args, params) -> list:

@@ -55,6 +55,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as P
 
+from . import _compat
 from ._folding import Folder, register_fold_rule, replay
 from ._loops import hoist, hoist_branches
 
@@ -76,7 +77,7 @@ def _cond(folder: Folder, trace, prim, args, params):
     return replay(trace, branches[i], operands)
 
 
-@register_fold_rule(P.jit_p, deferred=True)
+@register_fold_rule(_compat.jit_p, deferred=True)
 def _jit(folder: Folder, trace, prim, args, params):
     """Specialize through a nested ``jax.jit`` that has some known inputs.
 
@@ -94,7 +95,7 @@ def _jit(folder: Folder, trace, prim, args, params):
     return replay(trace, params["jaxpr"], args)
 
 
-@register_fold_rule(P.remat_p)
+@register_fold_rule(_compat.remat_p)
 def _checkpoint(folder: Folder, trace, prim, args, params):
     """Fold the known work inside ``jax.checkpoint``; keep the checkpoint.
 

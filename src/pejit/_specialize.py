@@ -130,7 +130,13 @@ def specialize_jaxpr(
             )
     known = {int(i) % len(invars): v for i, v in known.items()}
     for i, value in known.items():
-        want, got = invars[i].aval, _compat.typeof(value)
+        try:
+            got = _compat.typeof(value)
+        except TypeError:
+            raise TypeError(
+                f"specialize_jaxpr: known[{i}] is a {type(value).__name__}, not an array or scalar"
+            ) from None
+        want = invars[i].aval
         if (want.shape, want.dtype) != (got.shape, got.dtype):
             raise TypeError(
                 f"specialize_jaxpr: known[{i}] has type {got.str_short()}, "
