@@ -12,17 +12,7 @@ import pytest
 import pejit
 from pejit import FoldingSkippedWarning, pejit as pj
 
-
-class Counter:
-    """Wraps a function and counts how often Python runs it (traces)."""
-
-    def __init__(self, fun):
-        self.fun = fun
-        self.calls = 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.fun(*args, **kwargs)
+from ._util import Counter
 
 
 def affine(a, x):
