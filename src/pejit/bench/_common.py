@@ -80,7 +80,12 @@ def src_root() -> str:
 
 
 def run_worker(python: str, module: str, spec: dict, timeout: float = 600) -> dict:
-    """Run ``python -m module '<spec json>'``; return the JSON it prints last."""
+    """Run ``python -m module '<spec json>'``; return the JSON it prints last.
+
+    The worker inherits this process's ``XLA_FLAGS`` (the driver sets them
+    before JAX starts); workers must not set them on import, since pytest's
+    doctest collection imports them into the test process.
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([src_root(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run(

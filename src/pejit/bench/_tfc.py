@@ -7,16 +7,14 @@ pejit.bench._tfc '<json spec>'`` with a Python that has ``tfc`` installed.
 
 from __future__ import annotations
 
-from ._common import set_xla_flags, worker_main
+from ._common import worker_main
 
-set_xla_flags()
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from . import programs  # noqa: E402
-from ._common import interleaved  # noqa: E402
+from . import programs
+from ._common import interleaved
 
 
 def tfc_pejit(*args, **kwargs):

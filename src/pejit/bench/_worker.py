@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import time
 
-from ._common import set_xla_flags, worker_main
+from ._common import worker_main
 
-set_xla_flags()
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from . import programs  # noqa: E402
+from . import programs
 
 
 def _warm_runtime():
