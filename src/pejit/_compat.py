@@ -142,11 +142,6 @@ def core_trace():
     return core.trace_ctx.trace
 
 
-def eager_constant_folding(enabled: bool):
-    """Context manager scoping JAX's eager folding of concrete operands."""
-    return _config.eager_constant_folding(enabled)
-
-
 if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.10
 
     def _bind(prim, trace, args, params):
