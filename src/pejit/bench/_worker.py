@@ -77,25 +77,16 @@ def compile_memory(spec: dict) -> dict:
     before = _reset_peak_rss()
     start = time.perf_counter()
     if variant == "tfc":
-        from tfc.utils import pejit as tfc_pejit
-
-        g = tfc_pejit(A, x, constant_arg_nums=[0])(programs.cos_matvec)
-        folded = time.perf_counter()
-        lowered = g.lower(x)
-        lowered_t = time.perf_counter()
-        compiled = lowered.compile()
-        done = time.perf_counter()
-        out = compiled(x)
+        from tfc.utils import pejit
     else:
         from pejit import pejit
-
-        g = pejit(A, x, constant_arg_nums=[0])(programs.cos_matvec)
-        folded = time.perf_counter()
-        lowered = g.lower(x)
-        lowered_t = time.perf_counter()
-        compiled = lowered.compile()
-        done = time.perf_counter()
-        out = compiled(x)
+    g = pejit(A, x, constant_arg_nums=[0])(programs.cos_matvec)
+    folded = time.perf_counter()
+    lowered = g.lower(x)
+    lowered_t = time.perf_counter()
+    compiled = lowered.compile()
+    done = time.perf_counter()
+    out = compiled(x)
     jax.block_until_ready(out)
     peak = _status_bytes("VmHWM")
     return {
