@@ -66,6 +66,23 @@ def test_entry_dies_with_its_jax_array_constant():
     assert f.cache_info().hits == 1
 
 
+def test_calls_of_several_layouts_each_hit_their_own_entries():
+    # The first layout seen gets the generated fast dispatcher; others are
+    # routed to theirs, keywords and non-array dynamic arguments to the slow path.
+    def g(a, x, y=None, *, scale=1.0):
+        out = jnp.sin(a).sum() * x * scale
+        return out if y is None else out + y
+
+    f = pj(g, constant_argnums=0)
+    a, x, y = jnp.ones(3), jnp.arange(3.0), jnp.full(3, 2.0)
+    calls = [lambda: f(a, x), lambda: f(a, x, y), lambda: f(a, x, scale=2.0), lambda: f(a, 1.0)]
+    expected = [g(a, x), g(a, x, y), g(a, x, scale=2.0), g(a, 1.0)]
+    for _ in range(3):
+        for call, want in zip(calls, expected):
+            np.testing.assert_allclose(call(), want, rtol=1e-6)
+    assert f.cache_info() == pejit.CacheInfo(hits=8, misses=4, maxsize=128, currsize=4)
+
+
 def test_cache_size_is_validated():
     with pytest.raises(ValueError, match="cache_size"):
         pj(affine, constant_argnums=0, cache_size=-1)
