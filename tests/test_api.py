@@ -319,8 +319,9 @@ def test_donate_argnums_remapped():
     g = pejit(lambda A, x: A @ x, constant_argnums=0, donate_argnums=1)
     x = jnp.ones(4)
     lowered = g.lower(jnp.eye(4), x)
-    # runner(consts, x): the donated input is x, not the folded constants
-    (consts_info, x_info), _ = lowered.args_info
+    # runner(*consts, x): the donated input is x, not the folded constants
+    (*consts_info, x_info), _ = lowered.args_info
+    assert consts_info
     assert x_info.donated
     assert not any(c.donated for c in consts_info)
     np.testing.assert_allclose(g(jnp.eye(4), x), np.ones(4))

@@ -83,6 +83,37 @@ def test_calls_of_several_layouts_each_hit_their_own_entries():
     assert f.cache_info() == pejit.CacheInfo(hits=8, misses=4, maxsize=128, currsize=4)
 
 
+def test_repeated_calls_keep_the_lru_order_exact():
+    # Repeated calls with the same constants are served by a memo of the
+    # last hit, without touching the LRU order: it must stay exact.
+    f = pj(lambda a, x: a * x, constant_argnums=0, cache_size=2)
+    x = jnp.ones(3)
+    a, b, c = (jnp.full(3, v) for v in (1.0, 2.0, 3.0))
+    for const in (a, b, a, a, a, c):  # b is now the least recently used
+        np.testing.assert_array_equal(f(const, x), const)
+    assert f.cache_info().misses == 3
+    f(a, x)
+    assert f.cache_info().misses == 3
+    f(b, x)
+    assert f.cache_info().misses == 4
+
+
+def test_the_memo_never_outlives_its_entry():
+    # An evicted entry no longer watches its constant, so the memo must not
+    # keep serving it: a new array may get the dead constant's id.
+    f = pj(lambda a, x: a * x, constant_argnums=0, cache_size=1)
+    x = jnp.ones(3)
+    a = jnp.full(3, 1.0)
+    f(a, x), f(a, x)
+    b = jnp.full(3, 2.0)
+    f(b, x), f(b, x)  # a evicted; the memo is b's
+    del a
+    for v in range(3, 40):
+        c = jnp.full(3, float(v))
+        np.testing.assert_array_equal(f(c, x), c)
+        np.testing.assert_array_equal(f(c, x), c)
+
+
 def test_cache_size_is_validated():
     with pytest.raises(ValueError, match="cache_size"):
         pj(affine, constant_argnums=0, cache_size=-1)

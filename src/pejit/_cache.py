@@ -10,6 +10,13 @@ least recently used entry goes when the cache is full.
 Weak-reference callbacks run wherever the last reference happens to die,
 possibly in the middle of another operation on this cache; they only record
 the dead key (``list.append`` is atomic), and the next lookup evicts it.
+
+``last`` memoizes the most recently used entry, for callers (the generated
+dispatchers of ``_jit``) that can recognize their key without building it:
+a function called again and again with the same constants skips the
+dictionary. Every other lookup, insertion or eviction resets it, so the memo
+is always the most recent entry: skipping ``move_to_end`` on a memo hit
+keeps the order exact, and a memo never outlives its entry's watchers.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from typing import Any, NamedTuple
 #: default size). Each holds folded constants on device, so the bound is
 #: what keeps memory in check when constants keep changing.
 DEFAULT_CACHE_SIZE = 128
+
+
+#: The memo of an empty cache: a tuple no caller's memo check accepts.
+NO_MEMO = (None,)
 
 
 class CacheInfo(NamedTuple):
@@ -52,6 +63,9 @@ class SpecializationCache:
         self.entries: OrderedDict[Any, Any] = OrderedDict()
         self._watchers: dict[Any, list[weakref.ref]] = {}
         self.dead: list[Any] = []
+        # A one-element list, so that generated code can hold it and still
+        # see updates; the element (a tuple) is replaced whole, never mutated.
+        self.last: list[tuple] = [NO_MEMO]
         self._lock = threading.RLock()
 
     def get(self, key: Any) -> Any:
@@ -60,9 +74,20 @@ class SpecializationCache:
             self.purge()
         try:
             self.entries.move_to_end(key)
+            self.last[0] = NO_MEMO
             return self.entries[key]
         except KeyError:
             return None
+
+    def touch(self, key: Any, value: Any, memo: tuple) -> None:
+        """Make ``key`` (a hit on ``value``) the most recent entry, and ``memo`` its memo.
+
+        Under the lock, so that no memo is ever left on an evicted entry.
+        """
+        with self._lock:
+            if self.entries.get(key) is value:
+                self.entries.move_to_end(key)
+                self.last[0] = memo
 
     def put(self, key: Any, value: Any, watch: Iterable[Any] = ()) -> None:
         """Store ``value``; drop it when any object in ``watch`` dies."""
@@ -74,6 +99,7 @@ class SpecializationCache:
             dead.append(key)
 
         with self._lock:
+            self.last[0] = NO_MEMO
             self.entries[key] = value
             self.entries.move_to_end(key)
             self._watchers[key] = [weakref.ref(obj, forget) for obj in watch]
@@ -83,6 +109,7 @@ class SpecializationCache:
 
     def purge(self) -> None:
         with self._lock:
+            self.last[0] = NO_MEMO
             while self.dead:
                 key = self.dead.pop()
                 refs = self._watchers.get(key)
@@ -94,6 +121,7 @@ class SpecializationCache:
 
     def clear(self) -> None:
         with self._lock:
+            self.last[0] = NO_MEMO
             self.entries.clear()
             self._watchers.clear()
             self.dead.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import threading
 import time
 import warnings
@@ -74,7 +75,7 @@ class _Program:
         self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
         self.out_tree = out_tree
         self.report = report
-        self.run = run  # run(consts, *dyn_args, **dyn_kwargs)
+        self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
         self.fold = fold
 
 
@@ -128,7 +129,7 @@ class Specialization:
     def __init__(self, program: _Program, consts: list, fold_seconds: float, residual: Residual | None = None):
         self.program = program
         self.consts = consts
-        self.call = functools.partial(program.run, consts)
+        self.call = functools.partial(program.run, *consts)
         self.fold_seconds = fold_seconds
         self._residual = residual
 
@@ -156,23 +157,27 @@ class Specialization:
 class _Layout(NamedTuple):
     """Where the constants are in a call with a given number of positional arguments.
 
-    ``dynamic(args)`` picks the dynamic arguments; ``dispatch(args, kwargs)``
+    ``dynamic(args)`` picks the dynamic arguments; ``dispatch(*args, **kwargs)``
     is the call itself, through the cache (see :func:`_dispatcher`).
     """
 
     const: tuple[int, ...]
     dyn: tuple[int, ...]
     dynamic: Callable[[tuple], tuple]
-    dispatch: Callable[[tuple, dict], Any]
+    dispatch: Callable
 
 
 _DISPATCHER = """
-def dispatch(args, kwargs):
+def dispatch(*args, **kwargs):
     if kwargs or len(args) != {n}:
         return route(args, kwargs)
     if dead:
         purge()
+    memo = last[0]
     try:
+        if memo[0] == {n} and {memo_check}:
+            cache.hits += 1
+            return memo[-1]({dynamic})
         key = ({key})
     except AttributeError:  # a dynamic argument that is not an array
         return uncached(args, kwargs)
@@ -180,40 +185,43 @@ def dispatch(args, kwargs):
     if spec is None:
         return uncached(args, kwargs)
     cache.hits += 1
-    try:
-        move_to_end(key)
-    except KeyError:  # evicted by another thread just now
-        pass
+    touch(key, spec, ({n}, *key, spec.call))
     return spec.call({dynamic})
 """
 
 
 def _dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: SpecializationCache,
-                route: Callable, uncached: Callable) -> Callable[[tuple, dict], Any]:
-    """The call of ``n`` positional arguments, generated (as ``dataclasses`` does).
+                route: Callable, uncached: Callable) -> Callable:
+    """The call with ``n`` positional arguments, generated (as ``dataclasses`` does).
 
     A cache hit is served here, in one straight-line frame: its cost is
     the budget a cached call has over ``jax.jit``'s dispatch (about 2 us),
-    so there are no loops over positions and no method lookups, and the
-    residual is called through a C-level ``functools.partial``. Other
-    numbers of arguments and keyword arguments go to ``route``, misses (and
-    constants that are not bare arrays) to ``uncached``.
+    so there are no loops over positions and no method lookups, the residual
+    is called through a C-level ``functools.partial``, and a call with the
+    same constants as the last hit skips the dictionary too (``cache.last``).
+    Other numbers of arguments and keyword arguments go to ``route``,
+    misses (and constants that are not bare arrays) to ``uncached``.
 
     The key is the one ``Pejitted._key`` computes when every constant is a
     bare ``jax.Array`` and every dynamic argument an array: the identity of
-    each constant, then the aval of each dynamic argument. An int (an id) in
-    a key only ever comes from a live, watched ``jax.Array`` (dead ones are
-    purged first), so no type check is needed. The source is built from
-    integer positions only.
+    each constant, then the aval of each dynamic argument (interned: the memo
+    compares them with ``is``). An int (an id) in a key only ever comes from
+    a live, watched ``jax.Array`` (dead ones are purged first), so no type
+    check is needed. The source is built from integer positions only.
     """
-    key = "".join([f"id(args[{i}]), " for i in const] + [f"args[{i}].aval, " for i in dyn])
-    dynamic = ", ".join(f"args[{i}]" for i in dyn)
+    parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
+    memo_check = " and ".join(
+        f"{part} {'==' if part.startswith('id') else 'is'} memo[{j + 1}]" for j, part in enumerate(parts)
+    )
+    source = _DISPATCHER.format(
+        n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
+        dynamic=", ".join(f"args[{i}]" for i in dyn),
+    )
     namespace = {
-        "dead": cache.dead, "purge": cache.purge, "get": cache.entries.get,
-        "move_to_end": cache.entries.move_to_end, "cache": cache,
-        "route": route, "uncached": uncached,
+        "dead": cache.dead, "purge": cache.purge, "get": cache.entries.get, "touch": cache.touch,
+        "last": cache.last, "cache": cache, "route": route, "uncached": uncached,
     }
-    exec(_DISPATCHER.format(n=n, key=key, dynamic=dynamic), namespace)  # noqa: S102
+    exec(source, namespace)  # noqa: S102
     return namespace["dispatch"]
 
 
@@ -312,7 +320,7 @@ class Pejitted:
         # structure key -> _Program or _VALUE_DEPENDENT
         self._programs = SpecializationCache(cache_size)
         self._layouts: dict[int, _Layout] = {}
-        self._dispatch = self._route
+        self._dispatch = lambda *args, **kwargs: self._route(args, kwargs)
         self._lock = threading.RLock()
         self._warned = False
         functools.update_wrapper(self, fun)
@@ -344,16 +352,16 @@ class Pejitted:
             self._programs.clear()
 
     # -- calling ----------------------------------------------------------
-    def __call__(self, *args, **kwargs):
-        # ``_dispatch`` is the generated dispatcher of the first layout seen
-        # (the only one, unless the function is called with varying numbers
-        # of positional arguments), or ``_route`` before the first call.
-        return self._dispatch(args, kwargs)
+    # A call is one generated function, the dispatcher of the first layout
+    # seen (the only one, unless the function is called with varying numbers
+    # of positional arguments; ``_route`` before the first call). Handing it
+    # out through a (C-level) property saves the Python frame of a method.
+    __call__ = property(operator.attrgetter("_dispatch"))
 
     def _route(self, args: tuple, kwargs: dict):
         layout = None if kwargs else self._layouts.get(len(args))
         if layout is not None:
-            return layout.dispatch(args, kwargs)
+            return layout.dispatch(*args)
         return self._uncached(args, kwargs)
 
     def _uncached(self, args: tuple, kwargs: dict):
@@ -547,13 +555,13 @@ class Pejitted:
     def _make_runner(self, jaxpr, out_tree, nargs: int) -> Callable:
         run = _runner(jaxpr, out_tree)
         if self._jit:
-            run = jax.jit(run, **self._jit_kwargs_for(nargs))
+            run = jax.jit(run, **self._jit_kwargs_for(nargs, len(jaxpr.constvars)))
         return run
 
-    def _jit_kwargs_for(self, nargs: int) -> dict:
-        """``jax.jit`` keywords for the runner ``run(consts, *dyn_args, **dyn_kwargs)``."""
+    def _jit_kwargs_for(self, nargs: int, nconsts: int) -> dict:
+        """``jax.jit`` keywords for the runner ``run(*consts, *dyn_args, **dyn_kwargs)``."""
         layout = self._layout(nargs)
-        dyn_index = {i: j + 1 for j, i in enumerate(layout.dyn)}  # 0 is the folded constants
+        dyn_index = {i: nconsts + j for j, i in enumerate(layout.dyn)}
         kwargs = dict(self._jit_kwargs)
         donate = [dyn_index[i % nargs] for i in self._donate_nums if -nargs <= i < nargs]
         if donate:
@@ -567,11 +575,11 @@ class Pejitted:
                     f"in_shardings has {len(in_shardings)} entries but {self._name} "
                     f"was called with {nargs} positional arguments"
                 )
-            kwargs["in_shardings"] = (None, *(in_shardings[i] for i in layout.dyn))
+            kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings[i] for i in layout.dyn))
         elif isinstance(in_shardings, jax.sharding.Sharding):
             # One sharding for every argument the user passes; the folded
             # constants keep the placement folding gave them.
-            kwargs["in_shardings"] = (None, *(in_shardings for _ in layout.dyn))
+            kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings for _ in layout.dyn))
         return kwargs
 
     # -- jax.jit's staged API --------------------------------------------
@@ -579,13 +587,13 @@ class Pejitted:
         """Lower the residual program for these arguments, as ``jax.jit`` does."""
         spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("lower")
-        return Lowered(spec.run.lower(spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
+        return Lowered(spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
 
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
         spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("trace")
-        return spec.run.trace(spec.consts, *dyn_args, **dyn_kwargs)
+        return spec.run.trace(*spec.consts, *dyn_args, **dyn_kwargs)
 
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
@@ -741,18 +749,20 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         dyn_args, dyn_kwargs = self._split(args, kwargs)
-        return self._compiled(self._spec.consts, *dyn_args, **dyn_kwargs)
+        return self._compiled(*self._spec.consts, *dyn_args, **dyn_kwargs)
 
     def __getattr__(self, name):
         return getattr(self._compiled, name)
 
 
 def _runner(jaxpr, out_tree) -> Callable:
-    """``run(consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
+    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
 
     ``jaxpr``'s constvars (the folded constants) become leading arguments, so
-    they reach XLA as buffers, not as HLO literals.
+    they reach XLA as buffers, not as HLO literals; flat rather than in one
+    list, which ``jax.jit``'s dispatch would flatten on every call.
     """
+    nconsts = len(jaxpr.constvars)
     fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
     # An output that is a literal (a folded Python scalar) comes back from the
     # interpreter as that scalar; jax.jit would return an array.
@@ -760,8 +770,8 @@ def _runner(jaxpr, out_tree) -> Callable:
         i: jax.device_put(v.val) for i, v in enumerate(jaxpr.outvars) if isinstance(v, _compat.Literal)
     }
 
-    def run(consts, *dyn_args, **dyn_kwargs):
-        outs = fun(*consts, *_tree_leaves((dyn_args, dyn_kwargs)))
+    def run(*args, **dyn_kwargs):
+        outs = fun(*args[:nconsts], *_tree_leaves((args[nconsts:], dyn_kwargs)))
         for i, value in literal_outs.items():
             outs[i] = value
         return _tree_unflatten(out_tree, outs)
