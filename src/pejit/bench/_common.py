@@ -57,8 +57,8 @@ def per_call(fn: Callable[[], Any], *, min_seconds: float = 0.02, repeat: int = 
     return samples
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], *, min_seconds: float, repeat: int) -> dict[str, float]:
-    """Median seconds per call of each function, sampled round-robin.
+def rounds(fns: dict[str, Callable[[], Any]], *, min_seconds: float, repeat: int) -> dict[str, list[float]]:
+    """Seconds per call of each function, one sample per round, sampled round-robin.
 
     The order rotates from round to round, so that no function always runs
     right after the same neighbour (a heavy one leaves threads and caches
@@ -69,7 +69,25 @@ def interleaved(fns: dict[str, Callable[[], Any]], *, min_seconds: float, repeat
     for r in range(repeat):
         for name in names[r % len(names):] + names[: r % len(names)]:
             samples[name] += per_call(fns[name], min_seconds=min_seconds, repeat=1)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], *, min_seconds: float, repeat: int) -> dict[str, float]:
+    """Median seconds per call of each function, from :func:`rounds`."""
+    return {k: statistics.median(v) for k, v in rounds(fns, min_seconds=min_seconds, repeat=repeat).items()}
+
+
+def paired_ratios(samples: dict[str, list[float]], ref: str) -> dict[str, float]:
+    """Median over rounds of each function's time over ``ref``'s in the same round.
+
+    On a shared machine the speed changes from second to second; samples
+    taken in the same round saw about the same machine, so their ratio is
+    far steadier than a ratio of medians taken over the whole run.
+    """
+    return {
+        k: statistics.median(a / b for a, b in zip(v, samples[ref]))
+        for k, v in samples.items()
+    }
 
 
 def src_root() -> str:

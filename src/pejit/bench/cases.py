@@ -20,7 +20,7 @@ import numpy as np
 from pejit import pejit
 
 from . import programs
-from ._common import interleaved, run_worker
+from ._common import interleaved, paired_ratios, rounds, run_worker
 
 
 @dataclasses.dataclass
@@ -36,6 +36,11 @@ class Context:
     @property
     def repeat(self) -> int:
         return 5 if self.quick else 9
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of the interleaved steady-state comparisons (short samples, many rounds)."""
+        return 21 if self.quick else 61
 
     def tfc(self, module: str, spec: dict) -> dict | None:
         """Run a TFC measurement, or ``None`` without TFC (or when it fails)."""
@@ -58,12 +63,15 @@ def _max_error(fns: dict, ref: str) -> dict[str, float]:
     return {k: float(np.max(np.abs(np.asarray(fn(), np.float64) - want))) / scale for k, fn in fns.items()}
 
 
-def _steady(ctx: Context, fns: dict, heavy: tuple[str, ...]) -> dict[str, float]:
-    """Interleaved medians; the slow variants are sampled in a block of their own."""
-    light = {k: f for k, f in fns.items() if k not in heavy}
-    times = interleaved(light, min_seconds=ctx.min_seconds, repeat=ctx.repeat)
+def _steady(ctx: Context, fns: dict, heavy: tuple[str, ...], ref: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Interleaved medians, and ratios to ``ref`` paired by round.
+
+    The slow variants are sampled in a block of their own, with fewer rounds.
+    """
+    light = rounds({k: f for k, f in fns.items() if k not in heavy}, min_seconds=ctx.min_seconds, repeat=ctx.rounds)
+    times = {k: statistics.median(v) for k, v in light.items()}
     times.update(interleaved({k: fns[k] for k in heavy}, min_seconds=ctx.min_seconds, repeat=1 if ctx.quick else 3))
-    return times
+    return times, paired_ratios(light, ref)
 
 
 def case1(ctx: Context) -> dict:
@@ -83,10 +91,10 @@ def case1(ctx: Context) -> dict:
         "hand": lambda: hand(Ainv, L, x),
     }
     errors = _max_error(fns, "hand")
-    times = _steady(ctx, fns, heavy=("jit_args", "jit_closed"))
+    times, ratios = _steady(ctx, fns, heavy=("jit_args", "jit_closed"), ref="hand")
     tfc = ctx.tfc("pejit.bench._tfc", {"case": "linsolve", "n": n, "min_seconds": ctx.min_seconds, "repeat": ctx.repeat})
     times["tfc"] = (tfc or {}).get("tfc")
-    return {"times": times, "max_abs_error": errors, "tfc_error": (tfc or {}).get("error")}
+    return {"times": times, "ratios": ratios, "max_abs_error": errors, "tfc_error": (tfc or {}).get("error")}
 
 
 def case2(ctx: Context) -> dict:
@@ -110,12 +118,12 @@ def case2(ctx: Context) -> dict:
         "hand": lambda: hand(K, rhs, xi),
     }
     errors = _max_error(fns, "hand")
-    times = _steady(ctx, fns, heavy=("jit_args",))
+    times, ratios = _steady(ctx, fns, heavy=("jit_args",), ref="hand")
     spec = {"points": points, "degree": degree, "min_seconds": ctx.min_seconds, "repeat": ctx.repeat}
     tfc = ctx.tfc("pejit.bench._tfc", {"case": "basis", **spec})
     times["tfc"] = (tfc or {}).get("tfc")
     utfc = ctx.tfc("pejit.bench._tfc", {"case": "basis_utfc", **spec})
-    return {"times": times, "max_abs_error": errors, "utfc": utfc, "points": points, "degree": degree}
+    return {"times": times, "ratios": ratios, "max_abs_error": errors, "utfc": utfc, "points": points, "degree": degree}
 
 
 def case3(ctx: Context) -> dict:
@@ -159,6 +167,7 @@ def case3(ctx: Context) -> dict:
             step_times[k].append(time.perf_counter() - start)
             elbo[k].append(float(loss))
     times = {k: statistics.median(v) for k, v in step_times.items()}
+    ratios = paired_ratios(step_times, "hand_step")
     for k, fn in scans.items():
         jax.block_until_ready(fn())  # compile
     scan_samples = {k: [] for k in scans}
@@ -175,7 +184,7 @@ def case3(ctx: Context) -> dict:
     tfc = ctx.tfc("pejit.bench._tfc", {"case": "pln", **spec})
     times["tfc_step"] = (tfc or {}).get("tfc")
     return {
-        "times": times, "iterations": iterations, "elbo_max_rel_diff": agreement,
+        "times": times, "ratios": ratios, "iterations": iterations, "elbo_max_rel_diff": agreement,
         "elbo": {k: v for k, v in elbo.items() if k in ("jit_step", "pejit_step", "pejit_scan")},
         "tfc_error": (tfc or {}).get("error"),
     }
@@ -227,8 +236,9 @@ def case6(ctx: Context) -> dict:
     pj = pejit(programs.tiny, constant_argnums=0)
     bound = pejit(c, x, constant_arg_nums=[0])(programs.tiny)
     fns = {"jax.jit": lambda: jitted(c, x), "pejit": lambda: pj(c, x), "pejit_tfc_form": lambda: bound(x)}
-    times = interleaved(fns, min_seconds=ctx.min_seconds, repeat=ctx.repeat)
-    return {"times": times}
+    samples = rounds(fns, min_seconds=ctx.min_seconds, repeat=ctx.rounds)
+    times = {k: statistics.median(v) for k, v in samples.items()}
+    return {"times": times, "ratios": paired_ratios(samples, "jax.jit")}
 
 
 CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6}
@@ -252,10 +262,12 @@ def targets(results: dict) -> list[Target]:
     for number, key, hand in ((1, "pejit", "hand"), (2, "pejit", "hand"), (3, "pejit_step", "hand_step"), (3, "pejit_scan", "hand_scan")):
         if number in results:
             t = results[number]["times"]
-            r = t[key] / t[hand]
+            paired = results[number].get("ratios", {}).get(key)
+            r = t[key] / t[hand] if paired is None else paired
+            how = "" if paired is None else " (median of ratios paired by round)"
             out.append(Target(
                 f"case {number}: {key} / hand-folded <= 1.05", r <= 1.05,
-                f"{_s(t[key])} / {_s(t[hand])} = {r:.3f}",
+                f"{_s(t[key])} / {_s(t[hand])}: {r:.3f}{how}",
             ))
     if 1 in results:
         t = results[1]["times"]
@@ -286,7 +298,8 @@ def targets(results: dict) -> list[Target]:
                           f" folded = {r:.2f}"))
     if 6 in results:
         t = results[6]["times"]
-        r = t["pejit"] / t["jax.jit"]
+        r = results[6]["ratios"]["pejit"]
         out.append(Target("case 6: dispatch overhead <= 1.3x jax.jit's", r <= 1.3,
-                          f"{t['pejit'] * 1e6:.1f} us / {t['jax.jit'] * 1e6:.1f} us = {r:.2f}"))
+                          f"{t['pejit'] * 1e6:.1f} us / {t['jax.jit'] * 1e6:.1f} us: {r:.2f}"
+                          " (median of ratios paired by round)"))
     return out
