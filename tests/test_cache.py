@@ -158,6 +158,24 @@ def test_new_value_reuses_the_traced_and_compiled_programs():
     assert f.cache_info().misses == 3
     assert specs[2].report.folded_eqns > 0
     assert set(specs[2].report.residual) <= {"dot_general", "mul", "add"}
+    assert specs[2].report.fallbacks == ()  # no per-value fallback
+
+
+@pytest.mark.parametrize(
+    "fun, reason",
+    [
+        (lambda a, x: a @ x if a.sum() > 0 else -x, "TracerBoolConversionError"),
+        (lambda a, x: jnp.zeros((a.shape[0] * a[0, 0].astype(int),)).sum() + x, "TypeError: Shapes must be"),
+        (lambda a, x: x[: a[0, 0].astype(int)].sum(), "IndexError"),
+    ],
+)
+def test_value_dependence_is_reported_with_its_reason(fun, reason):
+    f = pj(fun, constant_argnums=0)
+    a, x = spd(0), jnp.arange(4.0)
+    np.testing.assert_allclose(f(a, x), fun(a, x), rtol=1e-5)
+    (note,) = f.report(a, x).fallbacks
+    assert "each new constant value is traced and folded again" in note
+    assert reason in note
 
 
 def test_python_control_flow_on_a_constant_respecializes():

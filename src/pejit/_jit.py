@@ -109,10 +109,13 @@ class _FoldingProgram:
         return self.compiled(*arrays)
 
 
-#: Marks a structure whose trace depends on constant values, or whose residual
-#: keeps control flow (see ``_trace_program``): each value is folded by
-#: tracing the function again, with concrete constants.
-_VALUE_DEPENDENT = object()
+class _PerValue(NamedTuple):
+    """Marks a structure whose trace depends on constant values, or whose
+    residual keeps control flow (see ``_trace_program``): each value is folded
+    by tracing the function again, with concrete constants. ``reason`` goes
+    into the report's ``fallbacks``, so that this is never silent."""
+
+    reason: str
 
 
 class Specialization:
@@ -317,7 +320,7 @@ class Pejitted:
         self._donate_nums, self._donate_names = donate
         self._jit_kwargs = jit_kwargs
         self._cache = SpecializationCache(cache_size)
-        # structure key -> _Program or _VALUE_DEPENDENT
+        # structure key -> _Program or _PerValue
         self._programs = SpecializationCache(cache_size)
         self._layouts: dict[int, _Layout] = {}
         self._dispatch = lambda *args, **kwargs: self._route(args, kwargs)
@@ -461,10 +464,10 @@ class Pejitted:
             start = time.perf_counter()
             program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
             self._programs.put(skey, program)
-            if program is not _VALUE_DEPENDENT:
+            if not isinstance(program, _PerValue):
                 return Specialization(program, consts, time.perf_counter() - start)
-        if program is _VALUE_DEPENDENT:
-            return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals)
+        if isinstance(program, _PerValue):
+            return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, program.reason)
         start = time.perf_counter()
         consts = program.fold(*arrays)
         return Specialization(program, consts, time.perf_counter() - start)
@@ -490,6 +493,11 @@ class Pejitted:
         If the trace needs a constant's value (Python control flow, shapes,
         a ``cond`` with a known index, ...) it fails, and the structure is
         marked value-dependent: each new value is traced again, concretely.
+        Any failure counts, since JAX reports a missing value in many ways
+        (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
+        ``IndexError`` for slices) and so may user code checking values; the
+        concrete trace then raises the function's real errors. The reason is
+        kept in the report.
         """
         is_arrays = [is_array(leaf) for leaf in const_leaves]
         arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
@@ -519,22 +527,28 @@ class Pejitted:
 
         try:
             program = _FoldingProgram(jax.jit(folding_program).trace(*arrays))
-        except Exception:  # the trace needed a constant's value
-            return _VALUE_DEPENDENT, None
+        except Exception as e:  # the trace needed a constant's value
+            if isinstance(e, _Abandoned):  # raised while handling the first failure
+                e = e.__context__ or e
+            first_line = (str(e).splitlines() or [""])[0]
+            return _PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
         if _has_control_flow(traced["jaxpr"]):
             # Loops, branches and checkpoints left in the residual are where
             # pejit's passes hoist known work, by evaluating it concretely:
             # with abstract constants they would hoist less. Fold each value.
-            return _VALUE_DEPENDENT, None
+            return _PerValue("control flow left in the residual is specialized per value"), None
         consts = program.evaluate(*arrays)
         run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
         return _Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
 
-    def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals) -> Specialization:
+    def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals, reason: str) -> Specialization:
         out_trees: list = []
         where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
         vals = ([v for _, v in const_pos], [v for _, v in const_kw])
         residual = fold(self._flat_fun(where, vals, in_tree, out_trees), avals, self._options, name=self._name)
+        note = f"each new constant value is traced and folded again: {reason}"
+        residual = Residual(residual.jaxpr, dataclasses.replace(
+            residual.report, fallbacks=(*residual.report.fallbacks, note)))
         folded = residual.consts
         consts = self._place(folded, jax.device_put)
         run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
