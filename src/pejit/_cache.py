@@ -12,7 +12,7 @@ possibly in the middle of another operation on this cache; they only record
 the dead key (``list.append`` is atomic), and the next lookup evicts it.
 
 ``last`` memoizes the most recently used entry, for callers (the generated
-dispatchers of ``_jit``) that can recognize their key without building it:
+dispatchers of ``_dispatch``) that can recognize their key without building it:
 a function called again and again with the same constants skips the
 dictionary. Every other lookup, insertion or eviction resets it, so the memo
 is always the most recent entry: skipping ``move_to_end`` on a memo hit

@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend.core import primitives as P
 
 from . import _batch, _compat

@@ -18,18 +18,18 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
-from jax.extend.core import primitives as P
 
 from . import _argnums, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
+from ._dispatch import Layout, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
-from ._report import FoldReport
+from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
 from ._specialize import Residual, fold
+from ._stages import Lowered
 
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -58,180 +58,6 @@ class FoldingSkippedWarning(PejitWarning):
       >>> caught[0].category.__name__
       'FoldingSkippedWarning'
     """
-
-
-class _Program:
-    """What specializations of one structure share: residual program, executables.
-
-    ``fold`` is the folding program (constant array leaves in, folded
-    constants out) when tracing did not depend on constant values; then a
-    new constant value costs one run of it. It is None for a value-dependent
-    specialization, which owns its program alone.
-    """
-
-    __slots__ = ("jaxpr", "out_tree", "report", "run", "fold")
-
-    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: _FoldingProgram | None):
-        self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
-        self.out_tree = out_tree
-        self.report = report
-        self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
-        self.fold = fold
-
-
-class _FoldingProgram:
-    """Constant arrays in, folded constants out: a value-independent fold.
-
-    The first value is folded by evaluating the program's jaxpr equation by
-    equation, as folding while tracing would (no compilation, so a first
-    call costs what eager folding costs). A second value means values do
-    change: the program is then compiled once, and each new value costs one
-    run of it. One that cannot be compiled (a primitive with only an
-    ``impl``) keeps being evaluated equation by equation.
-    """
-
-    def __init__(self, traced: jax.stages.Traced):
-        self.traced = traced
-        self.compiled: Callable | None = None
-        self._compilable = True
-
-    def evaluate(self, *arrays) -> list:
-        return jaxpr_as_fun(self.traced.jaxpr)(*arrays)
-
-    def __call__(self, *arrays) -> list:
-        if self.compiled is None and self._compilable:
-            try:
-                self.compiled = self.traced.lower().compile()
-            except Exception:  # no lowering for some folded primitive
-                self._compilable = False
-        if self.compiled is None:
-            return self.evaluate(*arrays)
-        return self.compiled(*arrays)
-
-
-class _PerValue(NamedTuple):
-    """Marks a structure whose trace depends on constant values, or whose
-    residual keeps control flow (see ``_trace_program``): each value is folded
-    by tracing the function again, with concrete constants. ``reason`` goes
-    into the report's ``fallbacks``, so that this is never silent."""
-
-    reason: str
-
-
-class Specialization:
-    """One specialization: folded constants and the program that uses them.
-
-    ``call(*dyn_args, **dyn_kwargs)`` runs the residual program with the
-    folded constants bound. It is a ``functools.partial`` of the runner so
-    that a cached call costs one C-level call on top of the runner's own
-    ``jax.jit`` dispatch.
-    """
-
-    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual")
-
-    def __init__(self, program: _Program, consts: list, fold_seconds: float, residual: Residual | None = None):
-        self.program = program
-        self.consts = consts
-        self.call = functools.partial(program.run, *consts)
-        self.fold_seconds = fold_seconds
-        self._residual = residual
-
-    @property
-    def run(self) -> Callable:
-        return self.program.run
-
-    @property
-    def out_tree(self):
-        return self.program.out_tree
-
-    @property
-    def residual(self) -> Residual:
-        if self._residual is None:
-            closed = ClosedJaxpr(self.program.jaxpr, self.consts)
-            report = dataclasses.replace(self.program.report, after=closed, fold_seconds=self.fold_seconds)
-            self._residual = Residual(closed, report)
-        return self._residual
-
-    @property
-    def report(self) -> FoldReport:
-        return self.residual.report
-
-
-class _Layout(NamedTuple):
-    """Where the constants are in a call with a given number of positional arguments.
-
-    ``dynamic(args)`` picks the dynamic arguments; ``dispatch(*args, **kwargs)``
-    is the call itself, through the cache (see :func:`_dispatcher`).
-    """
-
-    const: tuple[int, ...]
-    dyn: tuple[int, ...]
-    dynamic: Callable[[tuple], tuple]
-    dispatch: Callable
-
-
-_DISPATCHER = """
-def dispatch(*args, **kwargs):
-    if kwargs or len(args) != {n}:
-        return route(args, kwargs)
-    if dead:
-        purge()
-    memo = last[0]
-    try:
-        if memo[0] == {n} and {memo_check}:
-            cache.hits += 1
-            return memo[-1]({dynamic})
-        key = ({key})
-    except AttributeError:  # a dynamic argument that is not an array
-        return uncached(args, kwargs)
-    spec = get(key)
-    if spec is None:
-        return uncached(args, kwargs)
-    cache.hits += 1
-    touch(key, spec, ({n}, *key, spec.call))
-    return spec.call({dynamic})
-"""
-
-
-def _dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: SpecializationCache,
-                route: Callable, uncached: Callable) -> Callable:
-    """The call with ``n`` positional arguments, generated (as ``dataclasses`` does).
-
-    A cache hit is served here, in one straight-line frame: its cost is
-    the budget a cached call has over ``jax.jit``'s dispatch (about 2 us),
-    so there are no loops over positions and no method lookups, the residual
-    is called through a C-level ``functools.partial``, and a call with the
-    same constants as the last hit skips the dictionary too (``cache.last``).
-    Other numbers of arguments and keyword arguments go to ``route``,
-    misses (and constants that are not bare arrays) to ``uncached``.
-
-    The key is the one ``Pejitted._key`` computes when every constant is a
-    bare ``jax.Array`` and every dynamic argument an array: the identity of
-    each constant, then the aval of each dynamic argument (interned: the memo
-    compares them with ``is``). An int (an id) in a key only ever comes from
-    a live, watched ``jax.Array`` (dead ones are purged first), so no type
-    check is needed. The source is built from integer positions only.
-    """
-    parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
-    memo_check = " and ".join(
-        f"{part} {'==' if part.startswith('id') else 'is'} memo[{j + 1}]" for j, part in enumerate(parts)
-    )
-    source = _DISPATCHER.format(
-        n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
-        dynamic=", ".join(f"args[{i}]" for i in dyn),
-    )
-    namespace = {
-        "dead": cache.dead, "purge": cache.purge, "get": cache.entries.get, "touch": cache.touch,
-        "last": cache.last, "cache": cache, "route": route, "uncached": uncached,
-    }
-    exec(source, namespace)  # noqa: S102
-    return namespace["dispatch"]
-
-
-def _straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
-    """``lambda args: (elements...)``, generated; ``elements`` use integer positions only."""
-    body = "".join(f"{e}, " for e in elements)
-    return eval(f"lambda args: ({body})")  # noqa: S307
 
 
 class _Abandoned(Exception):
@@ -320,9 +146,9 @@ class Pejitted:
         self._donate_nums, self._donate_names = donate
         self._jit_kwargs = jit_kwargs
         self._cache = SpecializationCache(cache_size)
-        # structure key -> _Program or _PerValue
+        # structure key -> Program or PerValue
         self._programs = SpecializationCache(cache_size)
-        self._layouts: dict[int, _Layout] = {}
+        self._layouts: dict[int, Layout] = {}
         self._dispatch = lambda *args, **kwargs: self._route(args, kwargs)
         self._lock = threading.RLock()
         self._warned = False
@@ -388,7 +214,7 @@ class Pejitted:
             )
         return self._fun(*args, **kwargs)
 
-    def _layout(self, n: int) -> _Layout:
+    def _layout(self, n: int) -> Layout:
         layout = self._layouts.get(n)
         if layout is None:
             if self._nargs is not None and n > self._nargs:
@@ -396,8 +222,8 @@ class Pejitted:
             fixed = self._fixed_positions(n)
             const = tuple(i for i in range(n) if i in fixed)
             dyn = tuple(i for i in range(n) if i not in fixed)
-            dispatch = _dispatcher(n, const, dyn, self._cache, self._route, self._uncached)
-            layout = _Layout(const, dyn, _straight_line([f"args[{i}]" for i in dyn]), dispatch)
+            dispatch = dispatcher(n, const, dyn, self._cache, self._route, self._uncached)
+            layout = Layout(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
             with self._lock:
                 self._layouts[n] = layout
                 if len(self._layouts) == 1:
@@ -409,11 +235,11 @@ class Pejitted:
             return frozenset(i % n for i in self._fixed_nums if -n <= i < n)
         return self._fixed_nums
 
-    def _key(self, args: tuple, kwargs: dict, layout: _Layout) -> tuple:
+    def _key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
         """The cache key of a call: constants' values, then dynamic arguments' types.
 
         For positional ``jax.Array`` arguments, the layout's hot path
-        (:func:`_dispatcher`) computes the same key inline.
+        (:func:`dispatcher`) computes the same key inline.
         """
         key = [constant_key(i, args[i]) for i in layout.const]
         key += [dynamic_key(args[i], i) for i in layout.dyn]
@@ -424,7 +250,7 @@ class Pejitted:
             ))))
         return tuple(key)
 
-    def _split(self, args: tuple, kwargs: dict, layout: _Layout):
+    def _split(self, args: tuple, kwargs: dict, layout: Layout):
         const_pos = tuple((i, args[i]) for i in layout.const)
         const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._fixed_names))
         dyn_args = tuple(args[i] for i in layout.dyn)
@@ -464,9 +290,9 @@ class Pejitted:
             start = time.perf_counter()
             program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
             self._programs.put(skey, program)
-            if not isinstance(program, _PerValue):
+            if not isinstance(program, PerValue):
                 return Specialization(program, consts, time.perf_counter() - start)
-        if isinstance(program, _PerValue):
+        if isinstance(program, PerValue):
             return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, program.reason)
         start = time.perf_counter()
         consts = program.fold(*arrays)
@@ -526,20 +352,20 @@ class Pejitted:
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
 
         try:
-            program = _FoldingProgram(jax.jit(folding_program).trace(*arrays))
+            program = FoldingProgram(jax.jit(folding_program).trace(*arrays))
         except Exception as e:  # the trace needed a constant's value
             if isinstance(e, _Abandoned):  # raised while handling the first failure
                 e = e.__context__ or e
             first_line = (str(e).splitlines() or [""])[0]
-            return _PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        if _has_control_flow(traced["jaxpr"]):
+            return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
+        if has_control_flow(traced["jaxpr"]):
             # Loops, branches and checkpoints left in the residual are where
             # pejit's passes hoist known work, by evaluating it concretely:
             # with abstract constants they would hoist less. Fold each value.
-            return _PerValue("control flow left in the residual is specialized per value"), None
+            return PerValue("control flow left in the residual is specialized per value"), None
         consts = program.evaluate(*arrays)
         run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
-        return _Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+        return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
 
     def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals, reason: str) -> Specialization:
         out_trees: list = []
@@ -552,7 +378,7 @@ class Pejitted:
         folded = residual.consts
         consts = self._place(folded, jax.device_put)
         run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
-        program = _Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+        program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
         return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
     def _place(self, consts: list, put: Callable) -> list:
@@ -567,7 +393,7 @@ class Pejitted:
         return out
 
     def _make_runner(self, jaxpr, out_tree, nargs: int) -> Callable:
-        run = _runner(jaxpr, out_tree)
+        run = runner(jaxpr, out_tree)
         if self._jit:
             run = jax.jit(run, **self._jit_kwargs_for(nargs, len(jaxpr.constvars)))
         return run
@@ -654,20 +480,6 @@ class Pejitted:
         return f"<{'pejit' if self._jit else 'pe'} function {self._name}>"
 
 
-def _has_control_flow(jaxpr) -> bool:
-    """Whether ``jaxpr`` has an equation with a sub-jaxpr other than a plain call."""
-    for eqn in jaxpr.eqns:
-        subs = [
-            sub for v in eqn.params.values() for sub in (v if isinstance(v, (tuple, list)) else (v,))
-            if isinstance(sub, (Jaxpr, ClosedJaxpr))
-        ]
-        if subs and eqn.primitive is not _compat.jit_p:
-            return True
-        if any(_has_control_flow(getattr(sub, "jaxpr", sub)) for sub in subs):
-            return True
-    return False
-
-
 def _describe(what: int | str) -> str:
     return f"argument {what}" if isinstance(what, int) else f"argument {what!r}"
 
@@ -736,61 +548,6 @@ class BoundPejitted:
 
     def __repr__(self) -> str:
         return f"<{self._core!r} with constants at {list(self._const)}>"
-
-
-class Lowered:
-    """``jax.stages.Lowered`` of a residual program; folded constants bound."""
-
-    def __init__(self, lowered, spec: Specialization, split: Callable):
-        self._lowered = lowered
-        self._spec = spec
-        self._split = split
-
-    def compile(self, *args, **kwargs) -> Compiled:
-        return Compiled(self._lowered.compile(*args, **kwargs), self._spec, self._split)
-
-    def __getattr__(self, name):
-        return getattr(self._lowered, name)
-
-
-class Compiled:
-    """``jax.stages.Compiled`` of a residual program; call it like the function."""
-
-    def __init__(self, compiled, spec: Specialization, split: Callable):
-        self._compiled = compiled
-        self._spec = spec
-        self._split = split
-
-    def __call__(self, *args, **kwargs):
-        dyn_args, dyn_kwargs = self._split(args, kwargs)
-        return self._compiled(*self._spec.consts, *dyn_args, **dyn_kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._compiled, name)
-
-
-def _runner(jaxpr, out_tree) -> Callable:
-    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
-
-    ``jaxpr``'s constvars (the folded constants) become leading arguments, so
-    they reach XLA as buffers, not as HLO literals; flat rather than in one
-    list, which ``jax.jit``'s dispatch would flatten on every call.
-    """
-    nconsts = len(jaxpr.constvars)
-    fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
-    # An output that is a literal (a folded Python scalar) comes back from the
-    # interpreter as that scalar; jax.jit would return an array.
-    literal_outs = {
-        i: jax.device_put(v.val) for i, v in enumerate(jaxpr.outvars) if isinstance(v, _compat.Literal)
-    }
-
-    def run(*args, **dyn_kwargs):
-        outs = fun(*args[:nconsts], *_tree_leaves((args[nconsts:], dyn_kwargs)))
-        for i, value in literal_outs.items():
-            outs[i] = value
-        return _tree_unflatten(out_tree, outs)
-
-    return run
 
 
 def _merge(const_pos: tuple, dyn_args: Sequence) -> list:

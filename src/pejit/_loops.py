@@ -122,7 +122,7 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     body: ClosedJaxpr = params["jaxpr"]
     n_consts, n_carry, length = params["num_consts"], params["num_carry"], params["length"]
     n_ys = len(body.out_avals) - n_carry
-    consts, init, xs = args[:n_consts], args[n_consts : n_consts + n_carry], args[n_consts + n_carry :]
+    init, xs = args[n_consts : n_consts + n_carry], args[n_consts + n_carry :]
     const_uk = [i >= n_known_consts for i in range(n_consts)]
     carry_uk = [not folder.is_known(c) for c in init]
     xs_uk = [not folder.is_known(x) for x in xs]

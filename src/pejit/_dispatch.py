@@ -1,0 +1,93 @@
+"""The hot path of a call: one generated function per argument layout.
+
+A cached call has a budget of about 2 us over ``jax.jit``'s own dispatch
+(which already checks the dynamic arguments' types and calls the
+executable), so its Python is generated as straight-line code for each
+number of positional arguments, as ``dataclasses`` generates ``__init__``:
+no loops over positions, no method lookups. The source is built from
+integer positions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ._cache import SpecializationCache
+
+
+class Layout(NamedTuple):
+    """Where the constants are in a call with a given number of positional arguments.
+
+    ``dynamic(args)`` picks the dynamic arguments; ``dispatch(*args, **kwargs)``
+    is the call itself, through the cache (see :func:`dispatcher`).
+    """
+
+    const: tuple[int, ...]
+    dyn: tuple[int, ...]
+    dynamic: Callable[[tuple], tuple]
+    dispatch: Callable
+
+
+_SOURCE = """
+def dispatch(*args, **kwargs):
+    if kwargs or len(args) != {n}:
+        return route(args, kwargs)
+    if dead:
+        purge()
+    memo = last[0]
+    try:
+        if memo[0] == {n} and {memo_check}:
+            cache.hits += 1
+            return memo[-1]({dynamic})
+        key = ({key})
+    except AttributeError:  # a dynamic argument that is not an array
+        return uncached(args, kwargs)
+    spec = get(key)
+    if spec is None:
+        return uncached(args, kwargs)
+    cache.hits += 1
+    touch(key, spec, ({n}, *key, spec.call))
+    return spec.call({dynamic})
+"""
+
+
+def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: SpecializationCache,
+                route: Callable, uncached: Callable) -> Callable:
+    """The call with ``n`` positional arguments, generated (as ``dataclasses`` does).
+
+    A cache hit is served here, in one straight-line frame: its cost is
+    the budget a cached call has over ``jax.jit``'s dispatch (about 2 us),
+    so there are no loops over positions and no method lookups, the residual
+    is called through a C-level ``functools.partial``, and a call with the
+    same constants as the last hit skips the dictionary too (``cache.last``).
+    Other numbers of arguments and keyword arguments go to ``route``,
+    misses (and constants that are not bare arrays) to ``uncached``.
+
+    The key is the one ``Pejitted._key`` computes when every constant is a
+    bare ``jax.Array`` and every dynamic argument an array: the identity of
+    each constant, then the aval of each dynamic argument (interned: the memo
+    compares them with ``is``). An int (an id) in a key only ever comes from
+    a live, watched ``jax.Array`` (dead ones are purged first), so no type
+    check is needed. The source is built from integer positions only.
+    """
+    parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
+    memo_check = " and ".join(
+        f"{part} {'==' if part.startswith('id') else 'is'} memo[{j + 1}]" for j, part in enumerate(parts)
+    )
+    source = _SOURCE.format(
+        n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
+        dynamic=", ".join(f"args[{i}]" for i in dyn),
+    )
+    namespace = {
+        "dead": cache.dead, "purge": cache.purge, "get": cache.entries.get, "touch": cache.touch,
+        "last": cache.last, "cache": cache, "route": route, "uncached": uncached,
+    }
+    exec(source, namespace)  # noqa: S102
+    return namespace["dispatch"]
+
+
+def straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
+    """``lambda args: (elements...)``, generated; ``elements`` use integer positions only."""
+    body = "".join(f"{e}, " for e in elements)
+    return eval(f"lambda args: ({body})")  # noqa: S307
