@@ -54,13 +54,11 @@ def dispatch(*args, **kwargs):
 
 def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: SpecializationCache,
                 route: Callable, uncached: Callable) -> Callable:
-    """The call with ``n`` positional arguments, generated (as ``dataclasses`` does).
+    """The call with ``n`` positional arguments, through ``cache``.
 
-    A cache hit is served here, in one straight-line frame: its cost is
-    the budget a cached call has over ``jax.jit``'s dispatch (about 2 us),
-    so there are no loops over positions and no method lookups, the residual
-    is called through a C-level ``functools.partial``, and a call with the
-    same constants as the last hit skips the dictionary too (``cache.last``).
+    A cache hit is served in one straight-line frame: the residual is called
+    through a C-level ``functools.partial``, and a call with the same
+    constants as the last hit skips the dictionary too (``cache.last``).
     Other numbers of arguments and keyword arguments go to ``route``,
     misses (and constants that are not bare arrays) to ``uncached``.
 
@@ -69,7 +67,7 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Spec
     each constant, then the aval of each dynamic argument (interned: the memo
     compares them with ``is``). An int (an id) in a key only ever comes from
     a live, watched ``jax.Array`` (dead ones are purged first), so no type
-    check is needed. The source is built from integer positions only.
+    check is needed.
     """
     parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
     memo_check = " and ".join(
