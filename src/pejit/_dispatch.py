@@ -11,7 +11,7 @@ integer positions only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ._cache import SpecializationCache
 
@@ -83,6 +83,27 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Spec
     }
     exec(source, namespace)  # noqa: S102
     return namespace["dispatch"]
+
+
+_BOUND_SOURCE = """
+def call(*args):
+    if len(args) != {k}:
+        full(args)  # raises the TypeError
+    return dispatch({merged})
+"""
+
+
+def bound_dispatcher(n: int, constants: dict[int, Any], dispatch: Callable, full: Callable) -> Callable:
+    """The call of the TFC form: its bound constants merged back in, then ``dispatch``.
+
+    ``dispatch`` is the dispatcher of the ``n`` full arguments; ``full(args)``
+    raises the ``TypeError`` for a wrong number of arguments.
+    """
+    dyn = iter(range(n - len(constants)))
+    merged = ", ".join(f"c{i}" if i in constants else f"args[{next(dyn)}]" for i in range(n))
+    namespace = {f"c{i}": v for i, v in constants.items()} | {"dispatch": dispatch, "full": full}
+    exec(_BOUND_SOURCE.format(k=n - len(constants), merged=merged), namespace)  # noqa: S102
+    return namespace["call"]
 
 
 def straight_line(elements: list[str]) -> Callable[[tuple], tuple]:

@@ -24,7 +24,7 @@ import jax
 
 from . import _argnums, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
-from ._dispatch import Layout, dispatcher, straight_line
+from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
 from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
@@ -516,6 +516,10 @@ class BoundPejitted:
         )
         functools.update_wrapper(self, fun)
         self._core.specialize(*example_args)
+        self._call = bound_dispatcher(n, self._const, self._core._layout(n).dispatch, self._full)
+
+    # Like ``Pejitted``'s: the call is one generated function (C-level property).
+    __call__ = property(operator.attrgetter("_call"))
 
     def _full(self, args: tuple) -> tuple:
         want = len(self._dyn_positions)
@@ -525,9 +529,6 @@ class BoundPejitted:
                 f"(the non-constant ones) but {len(args)} were given"
             )
         return _merge(tuple(self._const.items()), args)
-
-    def __call__(self, *args):
-        return self._core(*self._full(args))
 
     def lower(self, *args) -> Lowered:
         lowered = self._core.lower(*self._full(args))
