@@ -49,7 +49,7 @@ class CacheInfo(NamedTuple):
 class SpecializationCache:
     """An LRU mapping whose entries die with the objects they watch.
 
-    ``get`` is lock-free; ``put``, eviction and ``clear`` take the lock.
+    ``get`` and ``touch`` are lock-free; ``put``, eviction and ``clear`` take the lock.
     ``maxsize=None`` means unbounded. The hot path of ``Pejitted.__call__``
     inlines ``get``: it reads ``entries`` and ``dead`` directly.
     """
@@ -82,12 +82,18 @@ class SpecializationCache:
     def touch(self, key: Any, value: Any, memo: tuple) -> None:
         """Make ``key`` (a hit on ``value``) the most recent entry, and ``memo`` its memo.
 
-        Under the lock, so that no memo is ever left on an evicted entry.
+        Lock-free, as ``get``: an eviction resets the memo after removing its
+        entry, and the check after setting the memo withdraws it if the entry
+        went first. In between, the caller's arguments keep the constant
+        alive, so its ``id`` cannot be reused and the memo is still right.
         """
-        with self._lock:
-            if self.entries.get(key) is value:
-                self.entries.move_to_end(key)
-                self.last[0] = memo
+        try:
+            self.entries.move_to_end(key)
+        except KeyError:  # evicted by another thread just now
+            return
+        self.last[0] = memo
+        if self.entries.get(key) is not value:
+            self.last[0] = NO_MEMO
 
     def put(self, key: Any, value: Any, watch: Iterable[Any] = ()) -> None:
         """Store ``value``; drop it when any object in ``watch`` dies."""
