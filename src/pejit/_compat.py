@@ -201,8 +201,8 @@ def primitive_effects(prim, avals: Sequence[Any], params: dict):
 class KnowableTracer(_pe.DynamicJaxprTracer):
     """A staged value whose concrete value the policy may still know.
 
-    Python control flow (``bool``, ``int``, ``np.asarray``) asks
-    ``to_concrete_value``; lazy known values answer by materializing.
+    Python control flow (``bool``, ``int``) asks ``to_concrete_value``, NumPy
+    conversion ``policy.numpy_value``; lazy known values answer by materializing.
     """
 
     __slots__ = ()
@@ -213,7 +213,7 @@ class KnowableTracer(_pe.DynamicJaxprTracer):
     def __array__(self, *args, **kwargs):
         # NumPy conversion (boolean-mask indexing uses it) asks here, not
         # to_concrete_value.
-        value = self.to_concrete_value()
+        value = self._trace.policy.numpy_value(self)
         if value is None:
             return super().__array__(*args, **kwargs)
         return np.asarray(value).__array__(*args, **kwargs)

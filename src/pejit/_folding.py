@@ -37,6 +37,7 @@ from jax.extend.core import primitives as P
 
 from . import _batch, _compat
 from ._batch import nbytes
+from ._multihost import check_fetchable
 
 #: A fold rule: ``rule(folder, trace, prim, args, params)`` returns the
 #: outputs of ``prim`` or ``NotImplemented`` to defer to the default policy.
@@ -286,6 +287,12 @@ class Folder:
         value = self.materialize(tracer)
         # An abstract constant (a tracer of an outer trace) has no value yet.
         return None if isinstance(value, _compat.Tracer) else value
+
+    def numpy_value(self, tracer):
+        """Hook for :class:`~pejit._compat.KnowableTracer`: NumPy asks for the whole array."""
+        value = self.concrete_value(tracer)
+        check_fetchable(value)  # sharded across processes: name the user's line
+        return value
 
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """Turn the known values the residual ``jaxpr`` uses into constants.
