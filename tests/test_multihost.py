@@ -131,11 +131,15 @@ def test_a_sharded_value_needed_in_python_names_the_line(job):
 
 
 def test_per_process_peak_memory_while_folding():
-    """Folding a 16 MiB constant over 2 processes: each allocates less than the constant."""
-    size = 2048
+    """A 64 MiB constant over 2 processes: each holds and allocates half or less.
+
+    The peak is that of folding a second value with the compiled folding
+    program (the first one's compiler memory would swamp it at this size).
+    """
+    size = 4096
     results = launch(["-m", "pejit.bench._multihost", str(size)], 2, timeout=240)
     for r in results:
         assert r["constant_bytes"] == size * size * 4
         assert r["held_bytes"] == r["constant_bytes"] // 2
         assert r["folded_held_bytes"] == [r["constant_bytes"] // 2]
-        assert r["peak_increase_bytes"] < r["constant_bytes"], r
+        assert r["refold_peak_bytes"] < r["constant_bytes"], r

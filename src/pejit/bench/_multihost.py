@@ -144,14 +144,21 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def _reset_peak() -> int:
+    """Reset the peak-RSS mark (Linux); the current RSS."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    return _status_bytes("VmRSS")
+
+
 def fold_memory(n: int) -> dict:
     """Fold :func:`chain` on an n x n constant row-sharded over every device.
 
-    ``fold_s``: the first value (traces and compiles the folding program).
-    Then the peak-RSS mark is reset and a second value of the same
-    structure is folded by that program: ``refold_s`` and
-    ``peak_increase_bytes`` (what folding itself allocates, in this
-    process). ``peak_rss_bytes`` is the process's peak RSS over its life.
+    The first value traces and compiles the folding program (``fold_s``,
+    ``fold_peak_bytes``: how far this process's RSS rose above what it was
+    before); a second value of the same structure is folded by that program
+    (``refold_s``, ``refold_peak_bytes``). ``peak_rss_bytes``: the
+    process's peak RSS over its life, JAX's runtime included.
     """
     import resource
 
@@ -169,20 +176,16 @@ def fold_memory(n: int) -> dict:
     x = jax.device_put(np.ones(n, np.float32), NamedSharding(mesh, P()))
     f = pejit(chain, constant_argnums=0)
     jax.block_until_ready(jnp.zeros(3) + 1)  # runtime start-up is not folding
-    start = time.perf_counter()
-    jax.block_until_ready(f.specialize(a1, x).consts)
-    first = time.perf_counter() - start
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")  # reset the peak-RSS mark (Linux)
-    before = _status_bytes("VmRSS")
-    start = time.perf_counter()
-    spec = f.specialize(a2, x)
-    jax.block_until_ready(spec.consts)
-    again = time.perf_counter() - start
+    out = {}
+    for name, a in (("fold", a1), ("refold", a2)):
+        before = _reset_peak()
+        start = time.perf_counter()
+        spec = f.specialize(a, x)
+        jax.block_until_ready(spec.consts)
+        out[f"{name}_s"] = time.perf_counter() - start
+        out[f"{name}_peak_bytes"] = _status_bytes("VmHWM") - before
     return {
-        "fold_s": first,
-        "refold_s": again,
-        "peak_increase_bytes": _status_bytes("VmHWM") - before,
+        **out,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "constant_bytes": a2.nbytes,
         "held_bytes": sum(s.data.nbytes for s in a2.addressable_shards),
