@@ -93,7 +93,7 @@ def run_cases() -> dict:
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from pejit import pejit
+    from pejit import explain, pejit
 
     mesh = Mesh(np.array(jax.devices()), ("d",))
     rows, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
@@ -128,8 +128,14 @@ def run_cases() -> dict:
             "all_gathers": _all_gathers(text),
             "misses": f.cache_info().misses,
         }
-    grad = jax.grad(lambda x: cases["chain"][0](a, x).sum())(x)
-    out["grad_chain"] = np.asarray(multihost_utils.process_allgather(grad, tiled=True)).tolist()
+    def gathered(value):
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True)).tolist()
+
+    f = cases["chain"][0]
+    out["grad_chain"] = gathered(jax.grad(lambda x: f(a, x).sum())(x))
+    out["vmap_chain"] = gathered(jax.vmap(lambda x: f(a, x))(jnp.stack([x, 2 * x])))
+    out["tfc_chain"] = gathered(pejit(a, x, constant_arg_nums=[0])(chain)(x))
+    out["explain_chain"] = str(explain(chain, a, x, constant_argnums=0)).splitlines()[1]
     try:
         pejit(boolean_mask, constant_argnums=0)(a, x)
         out["boolean_mask"] = None

@@ -51,6 +51,7 @@ def _oracles() -> dict[str, np.ndarray]:
         "scan": c,
         "python_if": np.exp(A * 0.01) @ x + k,
         "grad_chain": C.T @ np.ones(w.N),
+        "tfc_chain": C @ x,
     }
 
 
@@ -67,6 +68,7 @@ def _single_process() -> dict[str, np.ndarray]:
         "scan": pejit(w.scan_invariant, constant_argnums=0)(A, x),
         "python_if": pejit(w.python_if, constant_argnums=0)(A, x),
         "grad_chain": jax.grad(lambda x: f(A, x).sum())(x),
+        "tfc_chain": pejit(A, x, constant_arg_nums=[0])(chain)(x),
     }
 
 
@@ -75,10 +77,12 @@ def test_values_match_numpy_and_the_single_process_run(job):
     oracle, single = _oracles(), _single_process()
     for r in results:
         assert (r["process_count"], r["device_count"]) == (n, 2 * n)
-        for name in (*CASES, "grad_chain"):
+        for name in (*CASES, "grad_chain", "tfc_chain"):
             got = np.asarray(r[name]["value"] if name in CASES else r[name])
             np.testing.assert_allclose(got, oracle[name], rtol=2e-4, atol=2e-4, err_msg=name)
             np.testing.assert_allclose(got, np.asarray(single[name]), rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(r["vmap_chain"], [oracle["chain"], 2 * oracle["chain"]], rtol=2e-4, atol=2e-4)
+        assert r["explain_chain"].startswith("residual 1 equation (dot_general"), r["explain_chain"]
 
 
 def test_no_process_holds_a_whole_constant(job):
