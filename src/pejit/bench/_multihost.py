@@ -24,12 +24,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
-
-_YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 def free_port() -> int:
@@ -41,15 +38,10 @@ def free_port() -> int:
 
 def _xla_flags(devices: int) -> str:
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    flags.append(f"--xla_force_host_platform_device_count={devices}")
-    jaxlib = tuple(int(p) for p in version("jaxlib").split(".")[:2] if p.isdigit())
-    if jaxlib >= (0, 9) and _YNN_OFF not in flags:  # jaxlib 0.10.2 miscompiles reductions (conftest.py)
-        flags.append(_YNN_OFF)
-    return " ".join(flags)
+    return " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
 
 
-def launch(argv: Sequence[str], n: int, *, devices_per_process: int = 2, timeout: float = 180,
-           pythonpath: Sequence[str] = ()) -> list[dict]:
+def launch(argv: Sequence[str], n: int, *, devices_per_process: int = 2, timeout: float = 180) -> list[dict]:
     """Run ``python *argv`` as ``n`` processes of one JAX job; their results in process order.
 
     Raises ``RuntimeError`` with the tail of every process's output when
@@ -62,7 +54,7 @@ def launch(argv: Sequence[str], n: int, *, devices_per_process: int = 2, timeout
         env.update(
             XLA_FLAGS=_xla_flags(devices_per_process),
             JAX_PLATFORMS="cpu",
-            PYTHONPATH=os.pathsep.join([src_root(), *pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            PYTHONPATH=os.pathsep.join([src_root(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             PEJIT_MULTIHOST_COORDINATOR=f"127.0.0.1:{free_port()}",
             PEJIT_MULTIHOST_PROCESSES=str(n),
             PEJIT_MULTIHOST_OUT=out,
@@ -99,9 +91,13 @@ def launch(argv: Sequence[str], n: int, *, devices_per_process: int = 2, timeout
 def initialize() -> int:
     """In a worker: join the job started by :func:`launch`; returns the process id.
 
-    Chooses gloo for CPU collectives: a worker's choice, made before JAX
-    starts. pejit itself never changes JAX's configuration.
+    Turns off the YNN fusion where this jaxlib has it and chooses gloo for
+    CPU collectives: a worker's choices, made before JAX starts. pejit
+    itself never changes JAX's configuration.
     """
+    from .._xla_flags import turn_off_ynn_fusion
+
+    turn_off_ynn_fusion()  # before JAX's backend starts (see conftest.py)
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
