@@ -134,6 +134,17 @@ def test_a_sharded_value_needed_in_python_names_the_line(job):
         assert f"sharded across the {n} processes" in err["message"]
 
 
+def test_inside_jax_jit_the_folded_constants_cannot_be_closed_over(job):
+    # A JAX limitation (docs/multihost.md): an outer jax.jit may not close
+    # over arrays spanning other processes' devices. Should JAX lift it,
+    # this fails and the docs change.
+    _, results = job
+    for r in results:
+        err = r["inside_jit"]
+        assert err is not None and err["type"] == "RuntimeError"
+        assert "non-addressable" in err["message"]
+
+
 def test_per_process_peak_memory_while_folding():
     """A 64 MiB constant over 2 processes: each holds and allocates half or less.
 
