@@ -132,21 +132,6 @@ def chain(a, x):
     return jnp.cos(jnp.sin(a) * 2.0 + 1.0) @ x
 
 
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    """Reset the peak-RSS mark (Linux); the current RSS."""
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-    return _status_bytes("VmRSS")
-
-
 def fold_memory(n: int) -> dict:
     """Fold :func:`chain` on an n x n constant row-sharded over every device.
 
@@ -164,6 +149,8 @@ def fold_memory(n: int) -> dict:
 
     from pejit import pejit
 
+    from ._worker import _reset_peak_rss, _status_bytes
+
     mesh = Mesh(np.array(jax.devices()), ("d",))
     rows = NamedSharding(mesh, P("d"))
     a1, a2 = (
@@ -174,7 +161,7 @@ def fold_memory(n: int) -> dict:
     jax.block_until_ready(jnp.zeros(3) + 1)  # runtime start-up is not folding
     out = {}
     for name, a in (("fold", a1), ("refold", a2)):
-        before = _reset_peak()
+        before = _reset_peak_rss()
         start = time.perf_counter()
         spec = f.specialize(a, x)
         jax.block_until_ready(spec.consts)

@@ -336,9 +336,9 @@ def targets(results: dict) -> list[Target]:
         out.append(Target("case 5: compile time at n=8192 <= 1.5x that at n=256", big <= 1.5 * small,
                           f"{_s(big)} / {_s(small)} = {big / small:.2f}"))
         big = sizes[8192]["pejit"]
-        r = big["fold_peak_bytes"] / big["folded_bytes"]
+        r = big["peak_increase_bytes"] / big["folded_bytes"]
         out.append(Target("case 5: peak RSS of a specialization <= 2x the folded bytes (n=8192)", r <= 2,
-                          f"+{big['fold_peak_bytes'] / 2**20:.0f} MiB for {big['folded_bytes'] / 2**20:.0f} MiB"
+                          f"+{big['peak_increase_bytes'] / 2**20:.0f} MiB for {big['folded_bytes'] / 2**20:.0f} MiB"
                           f" folded = {r:.2f}"))
     if 6 in results:
         t = results[6]["times"]
