@@ -121,7 +121,7 @@ def run_cases() -> dict:
             "residual": str(spec.program.jaxpr),
             "keys": repr(list(f._programs.entries)),
             "consts": [
-                {"shape": list(c.shape), "spec": str(getattr(c.sharding, "spec", c.sharding)),
+                {"shape": list(c.shape), "spec": list(getattr(c.sharding, "spec", [repr(c.sharding)])),
                  "fraction": _fraction_held(c)}
                 for c in spec.consts
             ],
