@@ -221,7 +221,8 @@ class AutoPejitted:
                 if d.state == PROMOTED:
                     self.demotions += 1
                     self._promoted = tuple(k for k in self._promoted if k != key)
-                d.state, d.why, d.ref = DYNAMIC, "a NumPy array whose memory may be written (it may change in place)", None
+                d.state, d.ref = DYNAMIC, None
+                d.why = "a NumPy array whose memory may be written (it may change in place)"
                 continue
             if d.ref is not None and d.ref() is value:
                 d.streak += 1
@@ -255,7 +256,8 @@ class AutoPejitted:
         old = self._promoted
         new = _ordered((*old, *stable))
         try:
-            gain = self._removed(new, args, kwargs) - (self._removed(old, args, kwargs) if old else 0.0)
+            # Work on no argument at all (``jnp.eye(n)``) counts in both: jax.jit folds it too.
+            gain = self._removed(new, args, kwargs) - self._removed(old, args, kwargs)
         except Exception as e:  # noqa: BLE001 -- the generic call then raises jax.jit's error, if any
             self._decide(stable, DYNAMIC, f"could not trace it to estimate the saving: {type(e).__name__}: {e}")
             return
