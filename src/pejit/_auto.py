@@ -154,17 +154,14 @@ class AutoPejitted:
         constant_shardings: Any = None,
         **jit_kwargs: Any,
     ):
-        if not callable(fun):
-            raise TypeError(f"pejit: expected a callable to specialize, got {type(fun).__name__} {fun!r}")
-        self._fun = fun
-        self._name = getattr(fun, "__name__", type(fun).__name__)
-        self._after, self._demote_after = auto_after, auto_demote_after
-        self._min_flops = DEFAULT_MIN_FLOPS if auto_min_flops is None else auto_min_flops
-        self._jit = jit
         self._pejit_kwargs = dict(jit=jit, fold_options=fold_options, cache_size=cache_size,
                                   constant_shardings=constant_shardings, **jit_kwargs)
-        # Builds one now: Pejitted validates every option (and jax.jit's keywords).
-        self._special: dict[tuple, Pejitted] = {(): Pejitted(fun, **self._pejit_kwargs)}
+        # Built now: Pejitted validates the function and every option (jax.jit's keywords too).
+        plain = Pejitted(fun, **self._pejit_kwargs)
+        self._special: dict[tuple, Pejitted] = {(): plain}
+        self._fun, self._name, self._jit = fun, plain._name, jit
+        self._after, self._demote_after = auto_after, auto_demote_after
+        self._min_flops = DEFAULT_MIN_FLOPS if auto_min_flops is None else auto_min_flops
         self._generic = jax.jit(fun, **jit_kwargs) if jit else fun
         sig = _argnums.signature(fun)
         nargs = _argnums.positional_count(sig)
@@ -289,24 +286,28 @@ class AutoPejitted:
 
     def _removed(self, keys: tuple, args: tuple, kwargs: dict) -> float:
         """Estimated FLOPs per call that folding the arguments ``keys`` removes."""
+        closed, ranges = self._traced(args, kwargs)
+        return removed_flops(closed, [j for key in keys for j in ranges.get(key, ())])
+
+    def _traced(self, args: tuple, kwargs: dict):
+        """The function's jaxpr, every non-static argument abstract, and each argument's inputs in it.
+
+        Kept for the last argument types and static values seen (decisions are rare).
+        """
         is_static = [i in self._static_nums or i - len(args) in self._static_nums for i in range(len(args))]
         static = [(i, v) for i, v in enumerate(args) if is_static[i]]
-        dyn_args = [v for i, v in enumerate(args) if not is_static[i]]
-        positions = [i for i in range(len(args)) if not is_static[i]]
-        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
         static_kw = {k: v for k, v in kwargs.items() if k in self._static_names}
+        dyn_args = [v for i, v in enumerate(args) if not is_static[i]]
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
         leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kw))
-        cache_key = (keys, tree, tuple(jax.typeof(leaf) for leaf in leaves))
-        removed = self._estimates.get(cache_key)
-        if removed is not None:
-            return removed
-        known, j = [], 0
-        owners = [*positions, *sorted(dyn_kw)]  # flattening order: positions, then sorted keywords
+        key = (tree, tuple(jax.typeof(leaf) for leaf in leaves), tuple(static), tuple(sorted(static_kw.items())))
+        if self._estimates.get("key") == key:
+            return self._estimates["value"]
+        ranges, j = {}, 0
+        owners = [*(i for i in range(len(args)) if not is_static[i]), *sorted(dyn_kw)]  # flattening order
         for owner, sub in zip(owners, [*dyn_args, *(dyn_kw[k] for k in sorted(dyn_kw))]):
             n = len(jax.tree_util.tree_leaves(sub))
-            if owner in keys:
-                known += range(j, j + n)
-            j += n
+            ranges[owner], j = range(j, j + n), j + n
         fun = self._fun
 
         def flat(*leaves):
@@ -317,8 +318,8 @@ class AutoPejitted:
 
         with _compat.at_top_level():
             closed = jax.make_jaxpr(flat)(*leaves)
-        removed = self._estimates[cache_key] = removed_flops(closed, known)
-        return removed
+        self._estimates = {"key": key, "value": (closed, ranges)}
+        return closed, ranges
 
     def _settle(self) -> None:
         """When every argument is decided, make the call a generated function."""
