@@ -300,8 +300,12 @@ def case7(ctx: Context) -> dict:
         "explicit": lambda: pejit(loss, constant_argnums=(1, 2)),
     }
     fixed = [(p, X, y) for p in params]
-    errors = _max_error({k: lambda m=m: m()(params[0], X, y) for k, m in makers.items()}
-                        | {"jax.jit": lambda: jax.jit(loss)(params[0], X, y)}, "jax.jit")
+    def promoted(make):  # the third call: auto has folded by then
+        fn = make()
+        return [fn(p, X, y) for p in params[:3]][-1]
+
+    errors = _max_error({k: functools.partial(promoted, m) for k, m in makers.items()}
+                        | {"jax.jit": lambda: jax.jit(loss)(params[2], X, y)}, "jax.jit")
     # Rounds of fresh, cold loops, the order rotating: totals paired by round.
     loops = {k: [] for k in makers}
     for r in range(2 if ctx.quick else 5):
