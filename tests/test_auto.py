@@ -292,3 +292,33 @@ def test_auto_keywords_need_auto():
         pejit(loss, constant_argnums="auto", constant_argnames="X")
     with pytest.raises(TypeError, match="static_argnums must be an int"):
         pejit(loss, constant_argnums="auto", static_argnums="x")
+
+
+def test_staged_api_is_the_generic_programs_and_cache_clear_forgets():
+    f = pejit(loss, constant_argnums="auto", auto_min_flops=0)
+    X = data(0)
+    for w in ws[:3]:
+        f(w, X)
+    assert f.eval_shape(ws[0], X) == jax.eval_shape(loss, ws[0], X)
+    np.testing.assert_allclose(f.lower(ws[0], X).compile()(ws[1], X), jax.jit(loss)(ws[1], X), rtol=1e-5)
+    f.cache_clear()
+    assert f.decisions() == {} and tuple(f.cache_info()) == (0, 0, 128, 0)
+    assert f.cache_info().promotions == 0
+    check(f, ws[0], X)
+    assert f.cache_info().generic_calls == 1
+
+
+def test_the_estimate_sees_static_arguments_values():
+    def g(w, X, heavy):
+        return loss(w, X) if heavy else jnp.sum(X @ w)
+
+    f = pejit(g, constant_argnums="auto", static_argnums=2)
+    X = data(0, n=200, m=100)  # heavy: X.T @ X is 4e6 FLOPs, above the default threshold
+    w = jnp.ones(100)
+    for k in range(3):
+        np.testing.assert_allclose(f(w + k, X, False), jnp.sum(X @ (w + k)), rtol=1e-4)
+    assert f.decisions()[1][0] == "kept dynamic"
+    h = pejit(g, constant_argnums="auto", static_argnums=2)
+    for k in range(3):
+        np.testing.assert_allclose(h(w + k, X, True), jax.jit(loss)(w + k, X), rtol=1e-4)
+    assert h.decisions()[1][0] == "promoted"
