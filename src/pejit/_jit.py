@@ -598,7 +598,7 @@ def _to_full_signature(jit_kwargs: dict, dyn_positions: list[int]) -> dict:
 def pejit(
     *args: Any,
     constant_arg_nums: Sequence[int] | None = None,
-    constant_argnums: int | Sequence[int] | None = None,
+    constant_argnums: int | Sequence[int] | str | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
@@ -656,7 +656,7 @@ def pejit(
 def pe(
     *args: Any,
     constant_arg_nums: Sequence[int] | None = None,
-    constant_argnums: int | Sequence[int] | None = None,
+    constant_argnums: int | Sequence[int] | str | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
