@@ -286,7 +286,7 @@ def test_bad_auto_keywords(kwargs, error, match):
 def test_auto_keywords_need_auto():
     with pytest.raises(TypeError, match="auto_after only apply with constant_argnums='auto'"):
         pejit(loss, constant_argnums=1, auto_after=3)
-    with pytest.raises(ValueError, match="constant_argnums must be an int, a sequence of ints or 'auto'"):
+    with pytest.raises(TypeError, match="constant_argnums must be an int, a sequence of ints or 'auto', got str"):
         pejit(loss, constant_argnums="automatic")
     with pytest.raises(TypeError, match="takes no constant_arg_nums or constant_argnames"):
         pejit(loss, constant_argnums="auto", constant_argnames="X")

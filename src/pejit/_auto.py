@@ -496,7 +496,9 @@ def options(constant_argnums: Any, **auto: Any) -> dict | None:
     given = {k: v for k, v in auto.items() if v is not None}
     if isinstance(constant_argnums, str):
         if constant_argnums != "auto":
-            raise ValueError(f"constant_argnums must be an int, a sequence of ints or 'auto', got {constant_argnums!r}")
+            raise TypeError(
+                f"constant_argnums must be an int, a sequence of ints or 'auto', got str {constant_argnums!r}"
+            )
     elif given:
         raise TypeError(f"{', '.join(sorted(given))} only apply with constant_argnums='auto'")
     else:
