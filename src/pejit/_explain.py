@@ -18,6 +18,7 @@ import jax
 from jax.extend.core import ClosedJaxpr
 
 from . import _compat
+from ._auto import AutoPejitted
 from ._folding import Folder, FoldOptions
 from ._jit import BoundPejitted, Pejitted, _merge
 from ._keys import dynamic_aval
@@ -77,6 +78,9 @@ def explain(
       >>> r.flops_removed > r.flops_residual
       True
     """
+    if isinstance(fun, AutoPejitted):
+        _no_constants_given(constant_argnums, constant_argnames, fold_options)
+        return fun.explain(*args, **kwargs)
     if isinstance(fun, BoundPejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
         return explain(fun._core, *fun._full(args), **kwargs)
