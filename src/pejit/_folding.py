@@ -174,6 +174,7 @@ class FoldStats:
     eliminated_branches: int = 0
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
+    eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
 
 
@@ -232,7 +233,10 @@ class Folder:
             self.stats.staged[prim.name] += 1
             return NotImplemented
         avals = [_compat.typeof(a) for a in args]
-        out_avals, effects = prim.abstract_eval(*avals, **params)
+        try:
+            out_avals, effects = prim.abstract_eval(*avals, **params)
+        except Exception as e:
+            return self._evaluate_now(prim, args, params, e)
         out_avals = out_avals if prim.multiple_results else [out_avals]
         if effects:
             self.stats.effects_kept[prim.name] += 1
@@ -245,6 +249,23 @@ class Folder:
             # and a batch of one costs more than the dispatch.
             return _compat.evaluate(prim, args, params)
         return self._record(trace, prim, args, params, lazy=False)
+
+    def _evaluate_now(self, prim, args, params, error: Exception):
+        """Evaluate ``prim`` at once, its abstract evaluation having failed.
+
+        Some primitives only work on concrete values (TFC's Python basis
+        backend registers an abstract-eval rule that raises); like TFC's
+        ``pe``, pejit then runs their ``impl`` on the known inputs and takes
+        the output types from the result. Abstract constants (a folding
+        program being traced) have no values: the error stands, and the
+        caller falls back to folding each value concretely.
+        """
+        values = [self.materialize(a) for a in args]
+        if any(isinstance(v, _compat.Tracer) for v in values):
+            raise error
+        self.stats.eager_evaluations[prim.name] += 1
+        self.stats.folded[prim.name] += 1
+        return _compat.evaluate(prim, values, params)
 
     def call_inputs(self, trace, args) -> list:
         """Hook for custom_jvp/custom_vjp calls: concrete inputs when all are known.

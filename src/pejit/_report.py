@@ -54,6 +54,9 @@ class FoldReport:
         out of them), by primitive; also counted in ``folded``.
       fallbacks: notes from the folding back end about work it could not
         fold as planned and did another way.
+      eager_evaluations: equations evaluated at once on their known inputs
+        because their primitive's abstract evaluation failed (its ``impl``
+        gave the output types), by primitive; also counted in ``folded``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -84,6 +87,7 @@ class FoldReport:
     known_invars: tuple[int, ...] = ()
     strategy: str = "eager"
     fallbacks: tuple[str, ...] = ()
+    eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
 
     @classmethod
     def build(cls, stats: FoldStats, closed_jaxpr, seconds: float, before=None) -> FoldReport:
@@ -99,6 +103,7 @@ class FoldReport:
             after=closed_jaxpr,
             before=before,
             hoisted=stats.hoisted,
+            eager_evaluations=stats.eager_evaluations,
         )
 
     @property
@@ -177,6 +182,8 @@ class FoldReport:
             lines.append(f"branches eliminated: {self.eliminated_branches}")
         if self.hoisted:
             lines.append(f"hoisted out of loops and branches: {_fmt(self.hoisted)}")
+        if self.eager_evaluations:
+            lines.append(f"evaluated without abstract evaluation: {_fmt(self.eager_evaluations)}")
         lines.extend(f"note: {w}" for w in self.warnings)
         return "\n".join(lines)
 
