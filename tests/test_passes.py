@@ -307,11 +307,31 @@ def test_expansion_is_not_materialized():
 
 
 def test_expensive_work_feeding_an_expansion_still_folds():
-    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) @ x  # noqa: E731
-    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) + x  # noqa: E731
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 3)))
     names = prims(jaxpr)
     assert "broadcast_in_dim" in names and not LAPACK & set(names)
     assert report.folded_bytes == A.nbytes
+
+
+def test_expansion_feeding_a_matrix_product_is_stored():
+    # XLA fuses an expansion into an elementwise consumer, not into a
+    # dot_general: recomputing it there would cost memory traffic every call.
+    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) @ x  # noqa: E731
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    assert prims(jaxpr) == ["dot_general"]
+    assert report.folded_bytes == 64 * A.nbytes
+    assert not report.rematerialized and report.folded["broadcast_in_dim"] == 1
+
+
+def test_expansion_feeding_both_kinds_of_consumer_is_stored_once():
+    def f(c, x):
+        big = jnp.ones((256, 256)) * c
+        return big @ x + big
+
+    jaxpr, report = assert_matches_jit(f, 2.0, jnp.ones((256, 256)))
+    assert prims(jaxpr) == ["dot_general", "add"]  # both read the one stored constant
+    assert report.folded_bytes == 256 * 256 * 4
 
 
 # -- 5. constants as buffers -----------------------------------------------
@@ -337,7 +357,8 @@ _SWITCHED = {
     "branches": (lambda p, x: lax.cond(p, jnp.sin, jnp.cos, x), (True, X)),
     "calls": (lambda A, x: jax.jit(lambda a, y: jnp.linalg.inv(a) @ y)(A, x), (A, X)),
     "loops": (_scan_inv, (A, X)),
-    "rematerialize": (lambda c, x: jnp.full((64, 64), 1.0) * c + x, (2.0, jnp.ones((64, 64)))),
+    # (not uniform: a uniform constant becomes a broadcast of a literal anyway)
+    "rematerialize": (lambda c, x: jnp.broadcast_to(jnp.arange(64.0), (64, 64)) * c + x, (2.0, jnp.ones((64, 64)))),
     "literals": (lambda c, x: x * c, (2.0, X)),
 }
 

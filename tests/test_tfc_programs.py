@@ -49,9 +49,13 @@ def H(x, d=0):
 
 
 def _jvp(primals, tangents, d=0):
+    # as TFC's: the tangent accumulates on zeros, each term a product with
+    # the next derivative, broadcast along the basis functions
     (x,), (dx,) = primals, tangents
-    dx = ad.instantiate_zeros(dx)
-    return H(x, d), H(x, d + 1) * jnp.expand_dims(dx, -1)
+    out = jnp.zeros((*x.shape, M))
+    if type(dx) is not ad.Zero:
+        out += H(x, d + 1) * jnp.expand_dims(dx, -1)
+    return H(x, d), out
 
 
 def _batch(args, dims, d=0):

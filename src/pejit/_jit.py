@@ -28,7 +28,7 @@ from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
 from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
-from ._specialize import Residual, fold
+from ._specialize import Residual, fold, share_constants
 from ._stages import Lowered
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -296,6 +296,11 @@ class Pejitted:
             return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, program.reason)
         start = time.perf_counter()
         consts = program.fold(*arrays)
+        if program.fold.share is not None:
+            shared = program.fold.share.select(consts)
+            if shared is None:  # other constants are equal or uniform: a residual of its own
+                program, shared = self._shared_program(program, consts, nargs)
+            consts = shared
         return Specialization(program, consts, time.perf_counter() - start)
 
     def _flat_fun(self, where, const_vals, in_tree, out_trees: list) -> Callable:
@@ -364,8 +369,25 @@ class Pejitted:
             # with abstract constants they would hoist less. Fold each value.
             return PerValue("control flow left in the residual is specialized per value"), None
         consts = program.evaluate(*arrays)
-        run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
-        return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+        program.residual = traced["jaxpr"]
+        unshared = Program(traced["jaxpr"], out_trees[-1], traced["report"], None, program)
+        return self._shared_program(unshared, consts, nargs)
+
+    def _shared_program(self, program: Program, consts: list, nargs: int) -> tuple[Program, list]:
+        """The program for folded ``consts``, equal and uniform ones not passed.
+
+        Which constants are equal or uniform depends on their values; the
+        plan made for the first value is kept, and a value it does not
+        hold for gets a residual program of its own (see ``SharePlan``).
+        """
+        fold, jaxpr = program.fold, program.fold.residual
+        plan = share_constants(jaxpr, consts) if self._options.literals else None
+        if plan is not None:
+            jaxpr, consts = plan.jaxpr, plan.select(consts)
+        if fold.share is None:
+            fold.share = plan
+        run = self._make_runner(jaxpr, program.out_tree, nargs)
+        return Program(jaxpr, program.out_tree, program.report, run, fold), consts
 
     def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals, reason: str) -> Specialization:
         out_trees: list = []

@@ -95,7 +95,7 @@ class FoldReport:
         return cls(
             folded=stats.folded,
             residual=residual,
-            rematerialized=stats.rematerialized,
+            rematerialized=+stats.rematerialized,  # drops expansions stored after all
             effects_kept=stats.effects_kept,
             eliminated_branches=stats.eliminated_branches,
             folded_bytes=sum(nbytes(getattr(c, "aval", None) or _aval(c)) for c in closed_jaxpr.consts),
