@@ -400,3 +400,43 @@ def test_python_control_flow_on_constants_inside_loop_bodies():
     np.testing.assert_allclose(got, X * A[A > 0.2].sum(), rtol=1e-6)
     with pytest.raises(jax.errors.TracerBoolConversionError):
         pejit.pejit(f, constant_argnums=1)(A, X)  # A dynamic: a real error
+
+
+# -- constants passed once ---------------------------------------------------
+
+
+def test_equal_constants_are_passed_once_and_uniform_ones_recomputed():
+    def f(c, x):
+        K1, K2 = jnp.cos(c), jnp.cos(c + 0.0)  # two folds, one value
+        zeros = c * 0.0  # uniform, read by an add only
+        return K1 @ x + K2 @ x + (zeros + x)
+
+    c = jnp.linspace(0.0, 1.0, 64 * 64).reshape(64, 64)
+    x = jnp.ones(64)
+    jaxpr, report = assert_matches_jit(f, c, x)
+    assert [k.shape for k in jaxpr.consts] == [(64, 64)]  # K1 and K2 are one buffer
+    splats = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "broadcast_in_dim" and isinstance(e.invars[0], Literal)]
+    assert [(e.invars[0].val, e.outvars[0].aval.shape) for e in splats] == [(0.0, (64, 64))]
+
+
+def test_uniform_constant_read_by_a_matrix_product_stays_a_buffer():
+    # XLA materializes a broadcast feeding a dot_general on every call
+    f = lambda c, x: (c * 0.0 + 1.0) @ x  # noqa: E731
+    c = jnp.linspace(0.0, 1.0, 64 * 64).reshape(64, 64)
+    jaxpr, _ = assert_matches_jit(f, c, jnp.arange(64.0))
+    assert prims(jaxpr) == ["dot_general"] and [k.shape for k in jaxpr.consts] == [(64, 64)]
+
+
+def test_sharing_follows_the_values_of_each_specialization():
+    # the value-independent program plans sharing on its first value; a
+    # value with another pattern of equal and uniform constants gets its own
+    def f(a, b, x):
+        return jnp.exp(a) @ x + jnp.exp(b) @ x + (a * 1.0 + x)
+
+    g = pejit.pejit(f, constant_argnums=(0, 1))
+    x = jnp.arange(8.0)
+    r = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
+    for a, b in ((r, r), (r, r + 1.0), (jnp.ones((8, 8)), r), (r + 2.0, r + 2.0)):
+        np.testing.assert_allclose(g(a, b, x), f(a, b, x), rtol=1e-5)
+    assert len(g.report(r, r + 1.0, x).buffers) == 3  # exp(a), exp(b) and a
+    assert len(g.report(r + 2.0, r + 2.0, x).buffers) == 2  # exp(a) == exp(b)

@@ -362,7 +362,7 @@ class Folder:
                 if eqn.primitive not in FUSES_OPERANDS:
                     unfused.update(invars)
         needed.reverse()
-        values = self._materialize(needed)
+        values = self._materialize(needed, final=True)
         kept.reverse()
         jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *needed], eqns=kept)
         return jaxpr, [*consts, *values]
@@ -420,12 +420,14 @@ class Folder:
             self._recipes.update((v, recipe) for v in outvars if v is not None)
         return outs
 
-    def _materialize(self, targets: Sequence[Any]) -> list[Any]:
+    def _materialize(self, targets: Sequence[Any], final: bool = False) -> list[Any]:
         """Values of recipe variables ``targets``, evaluating one batch.
 
         Besides ``targets``, the batch keeps the values that something
         outside it has used; other intermediates are dropped, and recomputed
-        should a later equation ask for them.
+        should a later equation ask for them. The ``final`` batch (the
+        residual's constants) keeps only ``targets``, and lets go of every
+        earlier value at its last use in the batch: nothing asks later.
         """
         batch = self._batch([v for v in targets if v not in self._materialized])
         if batch:
@@ -433,11 +435,18 @@ class Folder:
             inside = Counter(a for r in batch for a in r.args if isinstance(a, _compat.Var))
             outputs = list(dict.fromkeys(
                 [v for v in targets if v in produced]
-                + [v for v in produced if self._uses[v] > inside[v]]
+                + ([] if final else [v for v in produced if self._uses[v] > inside[v]])
             ))
             backend = "eager" if _batch.is_abstract(batch, self._materialized) else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
-            values = _batch.run_batch(plan, self._materialized, outputs)
+            if final:
+                # hand the earlier values over: run_batch frees each at its last use
+                wanted = set(targets)
+                env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
+                self._materialized = {v: x for v, x in env.items() if v in wanted}
+                values = _batch.run_batch(plan, _handover(env), outputs)
+            else:
+                values = _batch.run_batch(plan, self._materialized, outputs)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
@@ -471,6 +480,13 @@ class Folder:
                     state[id(r)] = 2
                     order.append(r)
         return order
+
+def _handover(env: dict) -> dict:
+    """``env``'s entries in a new dict, ``env`` emptied: the callee then holds the only references."""
+    out = dict(env)
+    env.clear()
+    return out
+
 
 def replay(trace, closed_jaxpr, args: Sequence[Any]) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` under ``trace`` (folding as we go)."""

@@ -270,7 +270,7 @@ def _content_key(c):
     a = np.asarray(c)
     if a.dtype == object or not a.flags.c_contiguous:
         return ("id", id(c))
-    return (a.shape, a.dtype.str, hashlib.sha1(a.view(np.uint8).reshape(-1)).digest())
+    return (a.shape, a.dtype.str, hashlib.sha1(a.reshape(-1).view(np.uint8)).digest())
 
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
