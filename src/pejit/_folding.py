@@ -84,9 +84,11 @@ class FoldOptions:
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
         hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual
-        program instead of becoming large constants.
+        program instead of becoming large constants, where XLA fuses them
+        into their consumers (see ``FUSES_OPERANDS``).
       literals: folded scalars become literals of the residual jaxpr rather
-        than inputs.
+        than inputs; equal folded constants are passed once, and uniform
+        ones that only fusing equations read become broadcasts of a literal.
       expansion_ratio: an expansion is kept lazy when its output is more than
         this many times larger than its known inputs ...
       expansion_min_bytes: ... and larger than this many bytes.
