@@ -13,10 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend.core import Primitive
+from jax.extend.core import Literal, Primitive, Var
 from jax.interpreters import ad, batching
 
-from pejit import pejit
+from pejit import FoldOptions, pejit
+from pejit._folding import FUSES_OPERANDS
 
 from ._util import primitive_names
 
@@ -165,3 +166,52 @@ def test_abstract_constants_fall_back_per_value_with_the_reason():
     (note,) = f.report(X + 2.0, xi).fallbacks
     assert "each new constant value is traced and folded again" in note
     assert "AttributeError" in note
+
+
+# -- item 2: per-call cost of the cheap-expansion pass -----------------------------
+
+
+def _known_outputs(jaxpr):
+    """Variables of the residual ``jaxpr`` computed from constants only (recomputed every call)."""
+    known = set(jaxpr.constvars)
+    for e in jaxpr.eqns:
+        if all(isinstance(v, Literal) or v in known for v in e.invars):
+            known.update(e.outvars)
+    return known - set(jaxpr.constvars)
+
+
+def test_least_squares_residual_recomputes_nothing_a_matrix_product_reads():
+    # TFC's basis tangents are zeros + H' * broadcast(ones): lazy expansions
+    # (a 512 x 4 array from a 512-vector); they feed matrix products
+    x, xi = jnp.linspace(0.0, 1.0, 512), jnp.array([0.5, -1.0, 2.0, 0.25])
+
+    def solve(x, xi):
+        return jnp.linalg.lstsq(jax.jacfwd(residual, 1)(x, xi), residual(x, xi))[0]
+
+    lazy = pejit(solve, constant_argnums=0)
+    stored = pejit(solve, constant_argnums=0, fold_options=FoldOptions(rematerialize=False))
+    K = monomials(x, 2).astype(np.float64) + monomials(x)
+    want = np.linalg.lstsq(K, K @ np.asarray(xi, np.float64), rcond=None)[0]
+    np.testing.assert_allclose(lazy(x, xi), want, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(lazy(x, xi), stored(x, xi), rtol=1e-6)
+    jaxpr = lazy.report(x, xi).after.jaxpr
+    # as many residual equations as when nothing is recomputed ...
+    assert len(jaxpr.eqns) == len(stored.report(x, xi).after.jaxpr.eqns)
+    # ... and no equation that XLA cannot fuse reads known work recomputed per call
+    recomputed = _known_outputs(jaxpr)
+    unfused = [e for e in jaxpr.eqns if e.primitive not in FUSES_OPERANDS]
+    assert unfused and not any(v in recomputed for e in unfused for v in e.invars if isinstance(v, Var))
+
+
+def test_expansion_feeding_only_elementwise_work_is_still_recomputed():
+    def f(x, xi):
+        t = egrad(lambda x: H(x) * 1.0)(x)  # zeros + H' * broadcast(ones), never stored
+        return t + xi
+
+    x = jnp.linspace(0.0, 1.0, 512)
+    g = pejit(f, constant_argnums=0)
+    xi = jnp.ones((512, M))
+    np.testing.assert_allclose(g(x, xi), monomials(x, 1) + 1.0, rtol=1e-6)
+    report = g.report(x, xi)
+    assert report.rematerialized["broadcast_in_dim"] >= 1
+    assert report.folded_bytes <= 2 * 512 * M * 4  # H' itself, not its expansions
