@@ -483,6 +483,7 @@ class Folder:
                     order.append(r)
         return order
 
+
 def _handover(env: dict) -> dict:
     """``env``'s entries in a new dict, ``env`` emptied: the callee then holds the only references."""
     out = dict(env)

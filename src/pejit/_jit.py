@@ -291,9 +291,9 @@ class Pejitted:
         const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
         where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
         skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
-        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
         if self._one_value:
             return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, None)
+        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
         program = self._programs.get(skey)
         if program is None:
             start = time.perf_counter()

@@ -264,8 +264,16 @@ def share_constants(jaxpr, consts: Sequence[Any]) -> SharePlan | None:
     return SharePlan(jaxpr, tuple(keep), tuple(splats), tuple(equal))
 
 
+def _on_host(c) -> bool:
+    """Whether reading ``c`` as a NumPy array copies nothing."""
+    if isinstance(c, np.ndarray):
+        return True
+    return isinstance(c, jax.Array) and all(d.platform == "cpu" for d in c.devices())
+
+
 def _content_key(c):
-    if isinstance(c, _compat.Tracer) or not isinstance(c, (jax.Array, np.ndarray)):
+    # values on an accelerator are not copied to the host to be compared
+    if isinstance(c, _compat.Tracer) or not _on_host(c):
         return ("id", id(c))
     a = np.asarray(c)
     if a.dtype == object or not a.flags.c_contiguous:
@@ -285,6 +293,12 @@ def _uniform_value(c):
         return None
     if jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended) or c.dtype.itemsize not in _UINT:
         return None
+    if not _on_host(c):  # compared where it lives; only the verdict is copied
+        with _compat.at_top_level():
+            bits = jax.lax.bitcast_convert_type(c, _UINT[c.dtype.itemsize]).reshape(-1)
+            if not bool(jax.numpy.all(bits == bits[0])):
+                return None
+            return np.asarray(c.reshape(-1)[0])[()]
     a = np.ascontiguousarray(c)
     bits = a.reshape(-1).view(_UINT[a.dtype.itemsize])
     if bits[-1] != bits[0] or not np.all(bits == bits[0]):
