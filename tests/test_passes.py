@@ -309,11 +309,31 @@ def test_expansion_is_not_materialized():
 
 
 def test_expensive_work_feeding_an_expansion_still_folds():
-    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) @ x  # noqa: E731
-    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) + x  # noqa: E731
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 3)))
     names = prims(jaxpr)
     assert "broadcast_in_dim" in names and not LAPACK & set(names)
     assert report.folded_bytes == A.nbytes
+
+
+def test_expansion_feeding_a_matrix_product_is_stored():
+    # XLA fuses an expansion into an elementwise consumer, not into a
+    # dot_general: recomputing it there would cost memory traffic every call.
+    f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) @ x  # noqa: E731
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    assert prims(jaxpr) == ["dot_general"]
+    assert report.folded_bytes == 64 * A.nbytes
+    assert not report.rematerialized and report.folded["broadcast_in_dim"] == 1
+
+
+def test_expansion_feeding_both_kinds_of_consumer_is_stored_once():
+    def f(c, x):
+        big = jnp.ones((256, 256)) * c
+        return big @ x + big
+
+    jaxpr, report = assert_matches_jit(f, 2.0, jnp.ones((256, 256)))
+    assert prims(jaxpr) == ["dot_general", "add"]  # both read the one stored constant
+    assert report.folded_bytes == 256 * 256 * 4
 
 
 # -- 5. constants as buffers -----------------------------------------------
@@ -339,7 +359,8 @@ _SWITCHED = {
     "branches": (lambda p, x: lax.cond(p, jnp.sin, jnp.cos, x), (True, X)),
     "calls": (lambda A, x: jax.jit(lambda a, y: jnp.linalg.inv(a) @ y)(A, x), (A, X)),
     "loops": (_scan_inv, (A, X)),
-    "rematerialize": (lambda c, x: jnp.full((64, 64), 1.0) * c + x, (2.0, jnp.ones((64, 64)))),
+    # (not uniform: a uniform constant becomes a broadcast of a literal anyway)
+    "rematerialize": (lambda c, x: jnp.broadcast_to(jnp.arange(64.0), (64, 64)) * c + x, (2.0, jnp.ones((64, 64)))),
     "literals": (lambda c, x: x * c, (2.0, X)),
 }
 
@@ -381,3 +402,43 @@ def test_python_control_flow_on_constants_inside_loop_bodies():
     np.testing.assert_allclose(got, X * A[A > 0.2].sum(), rtol=1e-6)
     with pytest.raises(jax.errors.TracerBoolConversionError):
         pejit.pejit(f, constant_argnums=1)(A, X)  # A dynamic: a real error
+
+
+# -- constants passed once ---------------------------------------------------
+
+
+def test_equal_constants_are_passed_once_and_uniform_ones_recomputed():
+    def f(c, x):
+        K1, K2 = jnp.cos(c), jnp.cos(c + 0.0)  # two folds, one value
+        zeros = c * 0.0  # uniform, read by an add only
+        return K1 @ x + K2 @ x + (zeros + x)
+
+    c = jnp.linspace(0.0, 1.0, 64 * 64).reshape(64, 64)
+    x = jnp.ones(64)
+    jaxpr, report = assert_matches_jit(f, c, x)
+    assert [k.shape for k in jaxpr.consts] == [(64, 64)]  # K1 and K2 are one buffer
+    splats = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "broadcast_in_dim" and isinstance(e.invars[0], Literal)]
+    assert [(e.invars[0].val, e.outvars[0].aval.shape) for e in splats] == [(0.0, (64, 64))]
+
+
+def test_uniform_constant_read_by_a_matrix_product_stays_a_buffer():
+    # XLA materializes a broadcast feeding a dot_general on every call
+    f = lambda c, x: (c * 0.0 + 1.0) @ x  # noqa: E731
+    c = jnp.linspace(0.0, 1.0, 64 * 64).reshape(64, 64)
+    jaxpr, _ = assert_matches_jit(f, c, jnp.arange(64.0))
+    assert prims(jaxpr) == ["dot_general"] and [k.shape for k in jaxpr.consts] == [(64, 64)]
+
+
+def test_sharing_follows_the_values_of_each_specialization():
+    # the value-independent program plans sharing on its first value; a
+    # value with another pattern of equal and uniform constants gets its own
+    def f(a, b, x):
+        return jnp.exp(a) @ x + jnp.exp(b) @ x + (a * 1.0 + x)
+
+    g = pejit.pejit(f, constant_argnums=(0, 1))
+    x = jnp.arange(8.0)
+    r = jnp.linspace(0.0, 1.0, 64).reshape(8, 8)
+    for a, b in ((r, r), (r, r + 1.0), (jnp.ones((8, 8)), r), (r + 2.0, r + 2.0)):
+        np.testing.assert_allclose(g(a, b, x), f(a, b, x), rtol=1e-5)
+    assert len(g.report(r, r + 1.0, x).buffers) == 3  # exp(a), exp(b) and a
+    assert len(g.report(r + 2.0, r + 2.0, x).buffers) == 2  # exp(a) == exp(b)

@@ -28,11 +28,17 @@ from ._report import FoldReport
 class _StageAll(Folder):
     """A policy that folds nothing, but keeps known values materializable."""
 
+    stores_unfused = False
+
     def __call__(self, trace, prim, args, params):
         args = [self._known_value(trace, a) for a in args]
         if not all(self.is_known(a) for a in args):
             return NotImplemented
-        if _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params):
+        try:
+            effects = _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params)
+        except Exception as e:  # no abstract evaluation: the value stands in
+            return self._evaluate_now(prim, args, params, e)
+        if effects:
             return NotImplemented
         return self.stage_lazy(trace, prim, args, params)
 

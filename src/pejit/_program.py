@@ -20,7 +20,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from . import _compat
 from ._report import FoldReport
-from ._specialize import Residual
+from ._specialize import Residual, SharePlan
 
 _tree_leaves = jax.tree_util.tree_leaves
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -63,6 +63,11 @@ class FoldingProgram:
         self.traced = traced
         self.compiled: Callable | None = None
         self._compilable = True
+        # the residual jaxpr taking every folded constant, and which of them
+        # it is given (equal and uniform ones are not passed), as planned on
+        # the first value; see SharePlan
+        self.residual: Jaxpr | None = None
+        self.share: SharePlan | None = None
 
     def evaluate(self, *arrays) -> list:
         return jaxpr_as_fun(self.traced.jaxpr)(*arrays)

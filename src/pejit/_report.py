@@ -55,6 +55,9 @@ class FoldReport:
         out of them), by primitive; also counted in ``folded``.
       fallbacks: notes from the folding back end about work it could not
         fold as planned and did another way.
+      eager_evaluations: equations evaluated at once on their known inputs
+        because their primitive's abstract evaluation failed (its ``impl``
+        gave the output types), by primitive; also counted in ``folded``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -85,6 +88,7 @@ class FoldReport:
     known_invars: tuple[int, ...] = ()
     strategy: str = "eager"
     fallbacks: tuple[str, ...] = ()
+    eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
 
     @classmethod
     def build(cls, stats: FoldStats, closed_jaxpr, seconds: float, before=None) -> FoldReport:
@@ -92,7 +96,7 @@ class FoldReport:
         return cls(
             folded=stats.folded,
             residual=residual,
-            rematerialized=stats.rematerialized,
+            rematerialized=+stats.rematerialized,  # drops expansions stored after all
             effects_kept=stats.effects_kept,
             eliminated_branches=stats.eliminated_branches,
             folded_bytes=sum(nbytes(getattr(c, "aval", None) or _aval(c)) for c in closed_jaxpr.consts),
@@ -100,6 +104,7 @@ class FoldReport:
             after=closed_jaxpr,
             before=before,
             hoisted=stats.hoisted,
+            eager_evaluations=stats.eager_evaluations,
         )
 
     @property
@@ -178,6 +183,8 @@ class FoldReport:
             lines.append(f"branches eliminated: {self.eliminated_branches}")
         if self.hoisted:
             lines.append(f"hoisted out of loops and branches: {_fmt(self.hoisted)}")
+        if self.eager_evaluations:
+            lines.append(f"evaluated without abstract evaluation: {_fmt(self.eager_evaluations)}")
         lines.extend(f"note: {w}" for w in self.warnings)
         return "\n".join(lines)
 

@@ -39,12 +39,16 @@ The passes, in one place:
   ``iota``, reshapes, converts, ... and elementwise work on them) whose
   output is more than ``expansion_ratio`` times larger than its known inputs
   and above ``expansion_min_bytes`` is not materialized; it stays in the
-  residual program. Expensive known work feeding it is still folded.
+  residual program where XLA fuses it into its consumers, and is stored
+  where a non-fusing one (``dot_general``, custom calls, loops) reads it.
+  Expensive known work feeding it is still folded.
 ``literals`` (:mod:`pejit._specialize`)
   Folded scalars become literals of the residual jaxpr. Every other folded
   constant is an input of the residual program, so it reaches XLA as a
   device buffer (an argument), never as an HLO literal: lowering and
-  compile time do not grow with it.
+  compile time do not grow with it. Equal constants are passed once;
+  uniform ones that only fusing equations read become broadcasts of a
+  literal (:class:`~pejit._specialize.SharePlan`).
 
 Dead-code elimination of the residual jaxpr always runs.
 """

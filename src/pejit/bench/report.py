@@ -182,7 +182,28 @@ def _case8(r):
     return rows
 
 
-SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8}
+def _case9(r):
+    lines = [f"## Case 9: TFC PDE least squares (mtfc, {r['n']}^3 points, {r['m']} ELM basis functions)", "",
+             "The 3-D wave equation through nested `egrad`, one `lstsq(jacfwd(L), L)` step, the",
+             "coordinates constant; all variants run in the TFC process (64-bit mode). Fold time",
+             "and peak RSS: a fresh process per variant, from `pejit(...)` to the first result."]
+    steady = r.get("steady") or {}
+    if "times" in steady:
+        lines += ["", *_times_table(steady["times"], "tfc"), "",
+                  f"Paired ratios: {', '.join(f'{k} {v:.3f}' for k, v in steady['ratios'].items())}; "
+                  f"max relative difference from TFC: {steady['max_rel_error_vs_tfc']}"]
+    else:
+        lines += ["", f"Per call: n/a {steady.get('error', r.get('error', ''))[:300]}"]
+    fold = r.get("fold") or {}
+    if fold:
+        mib = lambda b: f"{b / 2**20:.0f} MiB" if b is not None else "n/a"  # noqa: E731
+        lines += ["", "| variant | fold time | peak RSS | peak RSS increase |", "|---|---|---|---|"]
+        lines += [f"| {NAMES.get(v, v)} | {_s(f['seconds'])} | {mib(f['peak_bytes'])} | {mib(f['peak_increase_bytes'])} |"
+                  for v, f in fold.items()]
+    return lines
+
+
+SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8, 9: _case9}
 
 
 def _plots(out: Path, stem: str, results: dict) -> None:
