@@ -55,11 +55,11 @@ def explain(
     Arguments are those of a call: positions in ``constant_argnums`` and
     keywords in ``constant_argnames`` are constants, the rest may be arrays
     or ``jax.ShapeDtypeStruct``. ``fun`` may also be a function made by
-    :func:`pejit` or :func:`pe` (then its own constant arguments are used,
+    [`pejit`][pejit.pejit] or [`pe`][pejit.pe] (then its own constant arguments are used,
     and its cached specialization), including the TFC form, which takes only
     the non-constant arguments.
 
-    The :class:`FoldReport` has ``before`` (the program ``jax.jit`` would
+    The [`FoldReport`][pejit.FoldReport] has ``before`` (the program ``jax.jit`` would
     compile with the constants closed over) and ``after`` (the residual
     program); print it for a summary, display it in Jupyter for both jaxprs
     side by side, or call ``to_dot()`` for a Graphviz picture.

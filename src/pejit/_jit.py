@@ -71,10 +71,10 @@ class _KW:
 class Pejitted:
     """A function whose constant arguments are folded at specialization time.
 
-    Created by :func:`pejit` or :func:`pe`. Calling it specializes on the
+    Created by [`pejit`][pejit.pejit] or [`pe`][pejit.pe]. Calling it specializes on the
     constant values (once per value) and runs the residual program on the
     dynamic arguments. Specializations live in an LRU cache of ``cache_size``
-    entries (:data:`DEFAULT_CACHE_SIZE` by default, ``None`` for unbounded);
+    entries ([`DEFAULT_CACHE_SIZE`][pejit.DEFAULT_CACHE_SIZE] by default, ``None`` for unbounded);
     one keyed on a ``jax.Array`` constant is dropped when that array dies.
     ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
     ``report`` summarizes a specialization.
@@ -446,7 +446,7 @@ class Pejitted:
         return self._specialization(args, kwargs)[0]
 
     def report(self, *args, **kwargs):
-        """The :class:`~pejit.FoldReport` of the specialization for these arguments."""
+        """The [`FoldReport`][pejit.FoldReport] of the specialization for these arguments."""
         return self.specialize(*args, **kwargs).report
 
     def _require_jit(self, what: str) -> None:
@@ -622,7 +622,8 @@ def pejit(
     (an LRU; ``None``: unbounded); ``constant_shardings`` places the folded
     constants: a ``jax.sharding.Sharding`` for all of them, or a callable
     from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
-    keeps the placement folding gave it). See ``docs/caching.md``.
+    keeps the placement folding gave it). See
+    [Caching and specializations](caching.md).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -649,7 +650,7 @@ def pe(
 ):
     """Partially evaluate a function with constant arguments, without jitting.
 
-    The same forms as :func:`pejit`; the result runs the residual program
+    The same forms as [`pejit`][pejit.pejit]; the result runs the residual program
     equation by equation (it can be jitted, vmapped, differentiated).
 
     Examples:

@@ -42,8 +42,8 @@ class FoldReport:
       fold_seconds: wall time of tracing and folding.
       after: the residual jaxpr; its ``consts`` are the folded constants,
         passed to the compiled program as device buffers.
-      before: the original program, when known (:func:`pejit.explain` and
-        :func:`pejit.specialize_jaxpr` record it): for ``explain``, the
+      before: the original program, when known ([`explain`][pejit.explain] and
+        [`specialize_jaxpr`][pejit.specialize_jaxpr] record it): for ``explain``, the
         jaxpr ``jax.jit`` would see with the constants closed over (they are
         its ``consts``) and Python control flow on them already decided.
       known_invars: positions of ``before``'s inputs that were known (its
@@ -124,7 +124,7 @@ class FoldReport:
     def marks(self) -> list[str] | None:
         """For each equation of ``before``: ``"folded"``, ``"residual"`` or ``"effect"``.
 
-        See :func:`classify` for how (and how approximately) this is decided.
+        See `classify` (in `pejit._report`) for how (and how approximately) this is decided.
         """
         if self.before is None:
             return None
