@@ -73,7 +73,7 @@ class FoldOptions:
 
     Turn one off to debug a suspected miscompilation: the result must not
     change, only how much is folded. The passes are described together in
-    :mod:`pejit._rules`.
+    `pejit._rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
@@ -94,7 +94,7 @@ class FoldOptions:
         work (``length x size``) folded into stacked constants; a loop that
         would need more keeps that work in its body.
       backend: how batches of known work are evaluated: ``"auto"`` (a cost
-        model picks per batch, see :mod:`pejit._batch`), ``"eager"`` (op by
+        model picks per batch, see `pejit._batch`), ``"eager"`` (op by
         op) or ``"compiled"`` (one ``jax.jit`` program per batch).
 
     Examples:
