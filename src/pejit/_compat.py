@@ -56,6 +56,10 @@ policy identifies lazy values by their ``Var``.
   with ``jax.jit``) from inside the folding trace.
 * ``mlir._lowerings``: whether a known sub-program can be compiled at all
   (primitives with only an ``impl`` must run op by op).
+* ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
+  in the user's function while pejit traces it shows the user's frames, not
+  pejit's, exactly as ``jax.jit`` hides JAX's (and ``JAX_TRACEBACK_FILTERING=off``
+  turns both off). Without them (a JAX that moved them), tracebacks are whole.
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
+
+try:  # traceback filtering, as jax.jit does it
+    from jax._src.traceback_util import api_boundary, register_exclusion
+except ImportError:
+    def api_boundary(fun, **_):
+        return fun
+
+    def register_exclusion(path: str) -> None:
+        pass
 
 try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
     from jax.extend.core.primitives import jit_p
