@@ -364,7 +364,7 @@ def test_fold_options_are_validated():
 
 def test_report_counts_hoisted_work():
     report = residual(_scan_inv, A, X)[1]
-    assert report.hoisted["jit"] == report.folded["jit"] == 1  # the call to inv
+    assert report.hoisted["jit(inv)"] == report.folded["jit(inv)"] == 1  # the call to inv
     assert "hoisted out of loops" in str(report)
 
 

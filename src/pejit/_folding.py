@@ -174,7 +174,17 @@ class FoldStats:
     eliminated_branches: int = 0
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
+    flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._flops)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+
+
+def label(prim, params: dict) -> str:
+    """How reports count an equation: its primitive, and a nested call's function.
+
+    `jit(cholesky)` rather than `jit`, as the DOT graph labels it.
+    """
+    name = params.get("name")
+    return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
 
 
 class Folder:
@@ -235,11 +245,12 @@ class Folder:
         out_avals, effects = prim.abstract_eval(*avals, **params)
         out_avals = out_avals if prim.multiple_results else [out_avals]
         if effects:
-            self.stats.effects_kept[prim.name] += 1
+            self.stats.effects_kept[label(prim, params)] += 1
             return NotImplemented
         if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):
             return self.stage_lazy(trace, prim, args, params)
-        self.stats.folded[prim.name] += 1
+        self.stats.folded[label(prim, params)] += 1
+        self.stats.flops += _flops.flops_of(prim, avals, out_avals, params)
         if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch.
@@ -325,7 +336,7 @@ class Folder:
 
     def stage_lazy(self, trace, prim, args, params):
         """Stage ``prim`` on known inputs, remembering how to materialize it."""
-        self.stats.rematerialized[prim.name] += 1
+        self.stats.rematerialized[label(prim, params)] += 1
         return self._record(trace, prim, args, params, lazy=True)
 
     def _var(self, x):
@@ -419,3 +430,6 @@ def replay(trace, closed_jaxpr, args: Sequence[Any]) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` under ``trace`` (folding as we go)."""
     with _compat.set_current_trace(trace):
         return _compat.eval_jaxpr(closed_jaxpr.jaxpr, closed_jaxpr.consts, *args)
+
+
+from . import _flops  # noqa: E402  (it imports ELEMENTWISE from here)
