@@ -480,3 +480,15 @@ def my_solver(A, x):
 def test_lowered_module_is_named_after_the_users_function(make):
     text = make().as_text()
     assert "module @jit_my_solver" in text and "@jit_run" not in text
+
+
+def test_jax_errors_while_tracing_name_the_users_function_and_argument():
+    def uses_y_in_python(a, y):
+        return a if y.sum() > 0 else y
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        pejit(uses_y_in_python, constant_argnums=0)(X, Y)
+    message = str(info.value)
+    assert f"while tracing the function uses_y_in_python at {__file__}:" in message
+    assert "depends on the value of the argument y." in message
+    assert "flat_fun" not in message and "leaves[" not in message

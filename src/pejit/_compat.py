@@ -28,7 +28,8 @@ here. What we use, and why no public API does the job:
 * ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
-  that ``DynamicJaxprTrace`` requires.
+  that ``DynamicJaxprTrace`` requires, and that names the user's function
+  and arguments in JAX's tracing errors.
 * ``dtypes.canonicalize_value``: outputs that are Python or NumPy values
   become JAX values, as ``jax.jit`` makes them; known Python scalars are
   staged the way ``Primitive.bind`` would.
@@ -80,6 +81,15 @@ from jax._src import linear_util as lu
 from jax._src import source_info_util
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
+
+def debug_info(traced_for: str, fun: Callable, args: Sequence[Any], kwargs: dict, *,
+               static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = ()):
+    """JAX's debug info of a call (source line, argument names), as ``jax.jit`` builds it."""
+    return api_util.debug_info(
+        traced_for, fun, tuple(args), kwargs, static_argnums=tuple(static_argnums),
+        static_argnames=tuple(static_argnames),
+    )
+
 
 try:  # traceback filtering, as jax.jit does it
     from jax._src.traceback_util import api_boundary, register_exclusion

@@ -171,6 +171,30 @@ def tfc_keywords_error(fun: Callable, n: int, constants: dict, kwargs: dict) -> 
     )
 
 
+# -- names in JAX's messages ---------------------------------------------------
+def name_after(flat_fun: Callable, fun: Callable, where: tuple, const_vals: tuple, in_tree: Any) -> None:
+    """Make JAX's tracing errors about ``flat_fun`` name ``fun`` and its arguments.
+
+    ``flat_fun`` takes the dynamic leaves of a call of ``fun`` whose constants
+    (positions ``where[0]``, keywords ``where[1]``) are bound. JAX reads a
+    function's debug info (source line, argument names) from
+    ``__fun_debug_info__`` when it has one; without it, an error would say
+    "while tracing the function flat_fun ... the argument leaves[0]".
+    """
+    try:
+        placeholders = [0] * in_tree.num_leaves  # one per dynamic leaf
+        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(in_tree, placeholders)
+        args = list(dyn_args)
+        for i, v in zip(where[0], const_vals[0]):
+            args.insert(i, v)
+        kwargs = dict(zip(where[1], const_vals[1]), **dyn_kwargs)
+        dbg = _compat.debug_info("pejit", fun, args, kwargs, static_argnums=where[0], static_argnames=where[1])
+    except Exception:  # noqa: BLE001  (names are a nicety; never fail a call for them)
+        return
+    if dbg.arg_names is not None and len(dbg.arg_names) == in_tree.num_leaves:
+        flat_fun.__fun_debug_info__ = dbg
+
+
 # -- hints at the first specialization -------------------------------------------
 def check_constants(name: str, leaves: list, warned: set) -> None:
     """Warn (once per function) about a large writable NumPy constant."""

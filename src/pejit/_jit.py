@@ -285,6 +285,8 @@ class Pejitted:
             out_trees.append(out_tree)
             return out_leaves
 
+        # JAX's errors while tracing name the user's function and arguments.
+        _errors.name_after(flat_fun, fun, where, const_vals, in_tree)
         return flat_fun
 
     def _trace_program(self, nargs, where, const_leaves, const_tree, in_tree, avals):
@@ -319,6 +321,8 @@ class Pejitted:
                     raise _Abandoned
                 tries.append(True)
                 return flat_fun(*dyn_leaves)
+
+            once.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
 
             residual = fold(once, avals, self._options, name=self._name)
             traced["jaxpr"] = residual.jaxpr.jaxpr
