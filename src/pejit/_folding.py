@@ -275,7 +275,7 @@ class Folder:
         constants of a folding program being compiled (see ``_jit``), and
         evaluating a recipe on them stages it into that program.
         """
-        staged = isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
+        staged = getattr(_compat.trace_of(x), "policy", None) is self
         return not staged or self._var(x) is not None
 
     def is_lazy(self, x) -> bool:
@@ -301,9 +301,11 @@ class Folder:
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """Turn the known values the residual ``jaxpr`` uses into constants.
 
-        Equations recorded as folds are dropped; those of their outputs that
-        live equations (or the outputs) use become constvars, materialized
-        in one batch. Lazy expansions stay, as do effectful equations.
+        ``jaxpr`` is open: its leading inputs are ``consts``. Equations
+        recorded as folds are dropped; those of their outputs that live
+        equations (or the outputs) use become new constant inputs (after
+        ``consts``), materialized in one batch. Lazy expansions stay, as do
+        effectful equations.
         """
         live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
         kept, needed = [], []
@@ -318,8 +320,9 @@ class Folder:
         needed.reverse()
         values = self._materialize(needed)
         kept.reverse()
-        jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *needed], eqns=kept)
-        return jaxpr, [*consts, *values]
+        n = len(consts)
+        invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
+        return _compat.with_invars(jaxpr.replace(eqns=kept), invars), [*consts, *values]
 
     # -- cheap expansions -------------------------------------------------
     def _stays_lazy(self, prim, args, avals, out_avals) -> bool:
@@ -348,11 +351,8 @@ class Folder:
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
-        if isinstance(x, _compat.Tracer) and getattr(x, "_trace", None) is trace:
-            const = trace.get_const(x)
-            if const is not None:
-                return const
-        return x
+        const = _compat.const_of(trace, x)
+        return x if const is None else const
 
     # -- deferred evaluation ---------------------------------------------
     def _record(self, trace, prim, args, params, *, lazy: bool):
@@ -365,7 +365,7 @@ class Folder:
         # JAX's staging may forward an input or fold a literal instead of
         # emitting an equation; such outputs already know their value.
         outvars = tuple(
-            o.val if trace.get_const(o) is None and self._var(o) is None else None
+            o.val if _compat.const_of(trace, o) is None and self._var(o) is None else None
             for o in out_list
         )
         if any(v is not None for v in outvars):

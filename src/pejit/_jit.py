@@ -325,7 +325,8 @@ class Pejitted:
             once.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
 
             residual = fold(once, avals, self._options, name=self._name)
-            traced["jaxpr"] = residual.jaxpr.jaxpr
+            traced["jaxpr"] = residual.open_jaxpr()
+            traced["nconsts"] = len(residual.consts)
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
 
@@ -342,8 +343,9 @@ class Pejitted:
             # with abstract constants they would hoist less. Fold each value.
             return PerValue("control flow left in the residual is specialized per value"), None
         consts = program.evaluate(*arrays)
-        run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
-        return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+        jaxpr, nconsts = traced["jaxpr"], traced["nconsts"]
+        run = self._make_runner(jaxpr, nconsts, out_trees[-1], nargs)
+        return Program(jaxpr, nconsts, out_trees[-1], traced["report"], run, program), consts
 
     def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals, reason: str) -> Specialization:
         out_trees: list = []
@@ -355,8 +357,9 @@ class Pejitted:
             residual.report, fallbacks=(*residual.report.fallbacks, note)))
         folded = residual.consts
         consts = self._place(folded, jax.device_put)
-        run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
-        program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+        jaxpr, nconsts = residual.open_jaxpr(), len(folded)
+        run = self._make_runner(jaxpr, nconsts, out_trees[-1], nargs)
+        program = Program(jaxpr, nconsts, out_trees[-1], residual.report, run, None)
         return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
     def _place(self, consts: list, put: Callable) -> list:
@@ -370,12 +373,12 @@ class Pejitted:
             out.append(c if s is None else put(c, s))
         return out
 
-    def _make_runner(self, jaxpr, out_tree, nargs: int) -> Callable:
-        run = runner(jaxpr, out_tree)
+    def _make_runner(self, jaxpr, nconsts: int, out_tree, nargs: int) -> Callable:
+        run = runner(jaxpr, nconsts, out_tree)
         # The user's name in profiles and dumps: the HLO module is jit_<name>.
         run.__name__ = run.__qualname__ = self._name
         if self._jit:
-            run = jax.jit(run, **self._jit_kwargs_for(nargs, len(jaxpr.constvars)))
+            run = jax.jit(run, **self._jit_kwargs_for(nargs, nconsts))
         return run
 
     def _jit_kwargs_for(self, nargs: int, nconsts: int) -> dict:
