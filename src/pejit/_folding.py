@@ -170,7 +170,6 @@ class FoldStats:
 
     folded: Counter = dataclasses.field(default_factory=Counter)
     staged: Counter = dataclasses.field(default_factory=Counter)
-    rematerialized: Counter = dataclasses.field(default_factory=Counter)
     eliminated_branches: int = 0
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
@@ -339,7 +338,6 @@ class Folder:
 
     def stage_lazy(self, trace, prim, args, params):
         """Stage ``prim`` on known inputs, remembering how to materialize it."""
-        self.stats.rematerialized[label(prim, params)] += 1
         return self._record(trace, prim, args, params, lazy=True)
 
     def _var(self, x):
