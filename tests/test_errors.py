@@ -22,14 +22,22 @@ mutated after specialization is re-folded.
 
 from __future__ import annotations
 
+import inspect
+import os
+import subprocess
+import sys
 import traceback
+import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pejit import FoldOptions, pe, pejit, specialize_jaxpr
+from pejit import (
+    FoldingSkippedWarning, FoldOptions, NothingFoldedWarning, WritableConstantWarning, pe, pejit, specialize_jaxpr,
+)
 
 
 def f(x, y):
@@ -40,6 +48,7 @@ def g(x, y, *, scale=2.0):
     return x * scale + y
 
 
+ROOT = Path(__file__).resolve().parents[1]
 X = jnp.arange(3.0)
 Y = jnp.ones(3)
 
@@ -106,7 +115,8 @@ CASES = [
     ("both TFC and jit form", lambda: pejit(X, constant_arg_nums=[0], constant_argnums=0), TypeError,
      r"either constant_arg_nums .* or constant_argnums/constant_argnames"),
     ("examples without constant_arg_nums", lambda: pejit(X, Y), TypeError, r"no constant_arg_nums"),
-    ("not a function", lambda: pejit(X, constant_argnums=0), TypeError, r"no constant_arg_nums"),
+    ("not a function", lambda: pejit(X, constant_argnums=0), TypeError,
+     r"the first argument must be the function to specialize, but an array of shape \(3,\) is not callable"),
     ("fold_options of the wrong type", lambda: pejit(f, fold_options={"loops": False}), TypeError,
      r"fold_options must be a pejit.FoldOptions, got dict"),
     ("pe takes no jit keywords", lambda: pe(f, constant_argnums=0, donate_argnums=1), TypeError,
@@ -192,6 +202,7 @@ def test_user_exception_propagates_unchanged():
         p(-X - 1, Y)
 
 
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # folds nothing, on purpose
 def test_failed_specialization_is_not_cached():
     broken = [True]
 
@@ -223,6 +234,7 @@ def test_tfc_form_respecializes_for_other_shapes(example, other):
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # folds nothing, on purpose
 def test_tfc_form_shape_error_comes_from_the_function():
     bound = pejit(jnp.ones((2, 2)), jnp.ones(2), constant_arg_nums=[0])(lambda a, y: a @ y)
     with pytest.raises(TypeError, match="dot_general requires contracting dimensions"):
@@ -277,3 +289,206 @@ def test_python_and_numpy_outputs_match_jit(out):
 def test_non_jax_output_names_the_output():
     with pytest.raises(TypeError, match=r"returned a value of type str as its output leaf 1"):
         pejit(lambda s, a: (a, "done"), constant_argnums=0)(1.0, X)
+
+
+# -- mistakes caught at decoration, with the exact message -------------------------
+def solve(A, x):
+    return jnp.linalg.inv(A) @ x
+
+
+A2, X2 = 2 * jnp.eye(2), jnp.ones(2)
+_KEYWORDS = ("constant_argnums, constant_argnames, constant_arg_nums, fold_options, cache_size, "
+             "constant_shardings and the keywords of jax.jit")
+
+# (id, thunk, exception type, the whole message)
+EXACT = [
+    ("TFC spelling in the call-time form", lambda: pejit(solve, constant_arg_nums=[0]), TypeError,
+     "pejit(solve, constant_arg_nums=[0]): constant_arg_nums belongs to the TFC form, which takes example "
+     "arguments first and the function after: pejit(*example_args, constant_arg_nums=[...])(solve). To pass "
+     "the function first, as with jax.jit, write constant_argnums: pejit(solve, constant_argnums=[0])"),
+    ("TFC spelling in pe", lambda: pe(solve, constant_arg_nums=[1]), TypeError,
+     "pe(solve, constant_arg_nums=[1]): constant_arg_nums belongs to the TFC form, which takes example "
+     "arguments first and the function after: pe(*example_args, constant_arg_nums=[...])(solve). To pass "
+     "the function first, as with jax.jit, write constant_argnums: pe(solve, constant_argnums=[1])"),
+    ("misspelled keyword", lambda: pejit(solve, constant_argnum=0), TypeError,
+     f"pejit: unknown keyword argument 'constant_argnum'; did you mean constant_argnums? pejit takes {_KEYWORDS}"),
+    ("misspelled keyword as decorator", lambda: pejit(constant_argname="A"), TypeError,
+     f"pejit: unknown keyword argument 'constant_argname'; did you mean constant_argnames? pejit takes {_KEYWORDS}"),
+    ("misspelled jax.jit keyword", lambda: pejit(solve, constant_argnums=0, donate_argnum=1), TypeError,
+     f"pejit: unknown keyword argument 'donate_argnum'; did you mean donate_argnums? pejit takes {_KEYWORDS}"),
+    ("unknown keyword, nothing close", lambda: pejit(solve, constant_argnums=0, zzz=1), TypeError,
+     f"pejit: unknown keyword argument 'zzz'. pejit takes {_KEYWORDS}"),
+    ("misspelled keyword in pe", lambda: pe(solve, constant_argnmus=0), TypeError,
+     f"pe: unknown keyword argument 'constant_argnmus'; did you mean constant_argnums? pe takes {_KEYWORDS}"),
+    ("first argument not callable", lambda: pejit(3, constant_argnums=0), TypeError,
+     "pejit: the first argument must be the function to specialize, but int 3 is not callable. Write "
+     "pejit(f, constant_argnums=...), or pejit(*example_args, constant_arg_nums=[...])(f) for the TFC form, "
+     "which takes example arguments"),
+    ("TFC form called with a keyword", lambda: pejit(A2, X2, constant_arg_nums=[0])(solve)(x=X2), TypeError,
+     "solve (the TFC form of pejit) takes its non-constant arguments by position: solve(x); "
+     "got keyword argument 'x'"),
+    ("TFC form called with its constant", lambda: pejit(A2, X2, constant_arg_nums=[0])(solve)(X2, A=A2), TypeError,
+     "solve (the TFC form of pejit) takes its non-constant arguments by position: solve(x); "
+     "got keyword argument 'A' ('A' is constant and already bound)"),
+]
+
+
+@pytest.mark.parametrize("thunk, exc, message", [c[1:] for c in EXACT], ids=[c[0] for c in EXACT])
+def test_mistake_caught_early(thunk, exc, message):
+    with pytest.raises(exc) as info:
+        thunk()
+    assert str(info.value) == message
+
+
+def _line_after() -> int:
+    return inspect.currentframe().f_back.f_lineno + 1
+
+
+def test_nothing_folded_warns_once_at_the_users_line():
+    p = pejit(solve, constant_argnums=1)  # the wrong argument: nothing depends on x alone
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _line_after()
+        np.testing.assert_allclose(p(A2, X2), jax.jit(solve)(A2, X2))
+        p(A2, 2 * X2)  # another specialization: no second warning
+    assert [w.category for w in caught] == [NothingFoldedWarning]
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+    assert str(caught[0].message) == (
+        "pejit(solve): no equation depends on the constant arguments alone, so nothing was folded and "
+        "the function runs as under jax.jit. Mark the arguments that stay fixed between calls "
+        "(constant_argnums/constant_argnames), or use jax.jit"
+    )
+
+
+@pytest.mark.parametrize("fun, const", [
+    (solve, A2),  # inv(A) folds
+    (lambda mode, x: x * 2 if mode == "double" else x, "double"),  # a static constant: nothing to fold
+    (lambda a, x: (a, x), A2),  # no work at all
+], ids=["folds", "static", "no work"])
+def test_nothing_folded_is_quiet_when_there_is_nothing_to_say(fun, const):
+    p = pejit(fun, constant_argnums=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p(const, X2)
+
+
+def test_large_writable_numpy_constant_warns_once():
+    big = np.eye(512)  # 2 MiB of float64: hashed on every call
+    p = pejit(lambda a, x: a[:2, :2] @ x, constant_argnums=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _line_after()
+        p(big, X2)
+        p(big + 1, X2)
+    assert [w.category for w in caught] == [WritableConstantWarning]
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+    assert str(caught[0].message) == (
+        "pejit(<lambda>): a constant is a writable NumPy array of 2,097,152 bytes, so its contents are "
+        "hashed on every call (to notice mutation). Pass jnp.asarray(arr) instead, or make it read-only "
+        "with arr.setflags(write=False): both are recognised by identity"
+    )
+
+
+def test_read_only_or_jax_or_small_constants_do_not_warn():
+    frozen = np.eye(512)
+    frozen.setflags(write=False)
+    p = pejit(lambda a, x: a[:2, :2] @ x, constant_argnums=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p(frozen, X2)
+        p(jnp.asarray(np.eye(512)), X2)
+        p(np.eye(4), X2)
+
+
+def test_folding_skipped_points_at_the_users_line_and_says_what_to_do():
+    p = pejit(solve, constant_argnums=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = _line_after()
+        np.testing.assert_allclose(jax.jit(p)(A2, X2), jax.jit(solve)(A2, X2))
+    assert [w.category for w in caught] == [FoldingSkippedWarning]
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)
+    assert str(caught[0].message) == (
+        "pejit(solve): argument 0 is a tracer of an outer transformation (jit/grad/vmap over a constant "
+        "argument), so it was treated as dynamic and nothing was folded. To fold it, close over the "
+        "constant instead of passing it through the transformation (jax.jit(lambda x: f(A, x))), or apply "
+        "pejit outside the transformation"
+    )
+
+
+# -- tracebacks and names --------------------------------------------------------------
+def _fails_inside(A, x):
+    B = jnp.linalg.inv(A)
+    return B.reshape(7) @ x  # the user's bug
+
+
+def _frames(call) -> tuple[list, str]:
+    """The traceback frames of the exception ``call()`` raises, and its text."""
+    with pytest.raises(TypeError, match="cannot reshape") as info:
+        call()
+    return traceback.extract_tb(info.value.__traceback__), "".join(traceback.format_exception(info.value))
+
+
+def _count(frames, package) -> int:
+    root = str(Path(package.__file__).parent)
+    return sum(f.filename.startswith(root) for f in frames)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: pejit(_fails_inside, constant_argnums=0)(A2, X2),  # folds, then fails
+    lambda: pejit(_fails_inside, constant_argnums=1)(A2, X2),  # fails on a dynamic argument
+    lambda: pejit(A2, X2, constant_arg_nums=[0])(_fails_inside),  # the TFC form folds at decoration
+    lambda: pe(_fails_inside, constant_argnums=0)(A2, X2),
+], ids=["folding", "dynamic", "TFC form", "pe"])
+def test_traceback_has_no_more_pejit_frames_than_jax_jit_has_jax_frames(call):
+    import pejit as package
+
+    jit_frames, _ = _frames(lambda: jax.jit(_fails_inside)(A2, X2))
+    frames, text = _frames(call)
+    # Measured with JAX 0.10.2: jax.jit keeps 3 JAX frames (jax.numpy's
+    # reshape), pejit keeps 0 of its own (9 with JAX_TRACEBACK_FILTERING=off).
+    assert _count(frames, package) == 0 <= _count(jit_frames, jax), text
+    assert "B.reshape(7) @ x" in text and "_fails_inside" in text
+
+
+def test_traceback_filtering_off_shows_pejit_frames():
+    code = (
+        "import jax.numpy as jnp\n"
+        "from pejit import pejit\n"
+        "def f(A, x):\n"
+        "    return jnp.linalg.inv(A).reshape(7) @ x\n"
+        "pejit(f, constant_argnums=0)(jnp.eye(2), jnp.ones(2))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    counts = {}
+    for mode in ("off", "quiet_remove_frames"):
+        proc = subprocess.run([sys.executable, "-c", code], env=dict(env, JAX_TRACEBACK_FILTERING=mode),
+                              capture_output=True, text=True, timeout=120)
+        assert "cannot reshape" in proc.stderr
+        counts[mode] = proc.stderr.count(str(ROOT / "src" / "pejit"))
+    assert counts["off"] > 0 and counts["quiet_remove_frames"] == 0, counts
+
+
+def my_solver(A, x):
+    return jnp.linalg.inv(A) @ x
+
+
+@pytest.mark.parametrize("make", [
+    lambda: pejit(my_solver, constant_argnums=0).lower(A2, X2),
+    lambda: pejit(A2, X2, constant_arg_nums=[0])(my_solver).lower(X2),
+], ids=["jit form", "TFC form"])
+def test_lowered_module_is_named_after_the_users_function(make):
+    text = make().as_text()
+    assert "module @jit_my_solver" in text and "@jit_run" not in text
+
+
+def test_jax_errors_while_tracing_name_the_users_function_and_argument():
+    def uses_y_in_python(a, y):
+        return a if y.sum() > 0 else y
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        pejit(uses_y_in_python, constant_argnums=0)(X, Y)
+    message = str(info.value)
+    assert f"while tracing the function uses_y_in_python at {__file__}:" in message
+    assert "depends on the value of the argument y." in message
+    assert "flat_fun" not in message and "leaves[" not in message

@@ -145,3 +145,65 @@ def test_specialize_jaxpr_report_marks_known_inputs():
     assert spec.report.known_invars == (0,)
     assert spec.report.marks == ["folded", "residual"]
     assert 'constant 0: f32[]' in spec.report.to_dot()
+
+
+# -- consistency of the views (issue 14) ----------------------------------------------
+def _flops_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("estimated FLOPs per call:"))
+
+
+def test_report_and_explain_print_the_same_fields():
+    f = pejit(inv_chol, constant_argnums=0)
+    short, full = str(f.report(A, X)), str(explain(f, A, X))
+    assert short == full
+    assert _flops_line(short) == _flops_line(str(explain(inv_chol, A, X, constant_argnums=0)))
+    assert f.report(A, X).flops_removed >= 2 * 8**3
+
+
+def test_nested_calls_are_counted_by_name():
+    r = pejit(inv_chol, constant_argnums=0).report(A, X)
+    names = set(r.folded)
+    assert "jit" not in names
+    assert {"jit(inv)", "jit(cholesky)"} <= names, names
+    assert "jit(inv) x1" in str(r) and "jit(cholesky) x1" in str(r)
+    assert 'label="jit(cholesky)\\n' in explain(inv_chol, A, X, constant_argnums=0).to_dot()
+
+
+def _depends_on_constants_only(closed) -> list[str]:
+    """Primitives of the residual whose inputs are all folded constants or literals."""
+    known = set(closed.jaxpr.constvars)
+    out = []
+    for e in closed.jaxpr.eqns:
+        if all(isinstance(v, jax.extend.core.Literal) or v in known for v in e.invars):
+            known.update(e.outvars)
+            out.append(e.primitive.name)
+    return out
+
+
+@pytest.mark.parametrize("fun, c, y", [
+    (lambda c, y: jnp.ones((1024, 1024)) * c + y, jnp.float32(2.0), jnp.ones((1024, 1024))),
+    (lambda c, y: jnp.arange(1024.0 * 1024).reshape(1024, 1024) * c + y, jnp.float32(2.0), jnp.ones((1024, 1024))),
+    (inv_chol, A, X),
+], ids=["broadcast", "iota", "no expansion"])
+def test_recomputed_expansions_note_states_the_residual(fun, c, y):
+    r = pejit(fun, constant_argnums=0).report(c, y)
+    recomputed = _depends_on_constants_only(r.after)
+    assert sorted(r.rematerialized.elements()) == sorted(recomputed)
+    notes = [w for w in r.warnings if w.startswith("cheap expansions recomputed")]
+    if recomputed:
+        (note,) = notes
+        for name in set(recomputed):
+            assert f"{name} x{recomputed.count(name)}" in note
+        assert all(name in recomputed for name in r.rematerialized)
+    else:
+        assert notes == []
+
+
+def test_dot_graph_has_a_legend():
+    dot = explain(inv_chol, A, X, constant_argnums=0).to_dot()
+    legend = dot[dot.index("subgraph cluster_legend"):]
+    for text in ("input (dynamic)", "constant", "folded (computed once)", "residual (runs every call)",
+                 "effect kept"):
+        assert f'label="{text}' in legend
+    for color in ("#b7e1cd", "#f9cb9c", "#ea9999"):  # the colours the equations use
+        assert color in legend

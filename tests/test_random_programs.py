@@ -37,6 +37,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -258,6 +259,7 @@ def check(program):
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # some programs fold nothing
 @given(programs())
 def test_random_programs(program):
     check(program)
@@ -265,6 +267,7 @@ def test_random_programs(program):
 
 @settings(max_examples=10, derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # some programs fold nothing
 @given(programs())
 def test_pejit_matches_pe(program):
     f = functools.partial(run, program)

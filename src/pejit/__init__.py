@@ -9,12 +9,14 @@ from ._auto import AutoPejitted as AutoPejitted
 from ._auto import AutoReport as AutoReport
 from ._cache import DEFAULT_CACHE_SIZE as DEFAULT_CACHE_SIZE
 from ._cache import CacheInfo as CacheInfo
+from ._errors import FoldingSkippedWarning as FoldingSkippedWarning
+from ._errors import NothingFoldedWarning as NothingFoldedWarning
+from ._errors import PejitWarning as PejitWarning
+from ._errors import WritableConstantWarning as WritableConstantWarning
 from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
 from ._jit import BoundPejitted as BoundPejitted
-from ._jit import FoldingSkippedWarning as FoldingSkippedWarning
 from ._jit import Pejitted as Pejitted
-from ._jit import PejitWarning as PejitWarning
 from ._jit import pe as pe
 from ._jit import pejit as pejit
 from ._report import FoldReport as FoldReport
@@ -33,9 +35,11 @@ __all__ = [
     "FoldOptions",
     "FoldReport",
     "FoldingSkippedWarning",
+    "NothingFoldedWarning",
     "PejitWarning",
     "Pejitted",
     "Residual",
+    "WritableConstantWarning",
     "explain",
     "pe",
     "pejit",

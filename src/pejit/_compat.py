@@ -47,7 +47,8 @@ Internals used, why no public API does the job, and where versions differ:
 * ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
-  that ``DynamicJaxprTrace`` requires; ``DebugInfo.result_paths`` must be
+  that ``DynamicJaxprTrace`` requires, and that names the user's function
+  and arguments in JAX's tracing errors; ``DebugInfo.result_paths`` must be
   resolved before ``to_jaxpr`` in 0.7.
 * ``dtypes.canonicalize_value`` (0.10 and newer): outputs that are Python or
   NumPy values become JAX values, as ``jax.jit`` makes them.
@@ -55,6 +56,10 @@ Internals used, why no public API does the job, and where versions differ:
   compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
 * ``mlir._lowerings``: whether a known sub-program can be compiled at all
   (primitives with only an ``impl`` must run op by op).
+* ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
+  in the user's function while pejit traces it shows the user's frames, not
+  pejit's, exactly as ``jax.jit`` hides JAX's (and ``JAX_TRACEBACK_FILTERING=off``
+  turns both off). Without them (a JAX that moved them), tracebacks are whole.
 
 Public replacements are used where every supported version has them:
 ``jax.extend.core`` (``ClosedJaxpr``, ``Jaxpr``, ``Var``, ``Literal``,
@@ -108,6 +113,25 @@ try:  # JAX >= 0.11: scan's parameters are flat trees
     from jax._src import flattree as _ft
 except ImportError:
     _ft = None
+
+
+def debug_info(traced_for: str, fun: Callable, args: Sequence[Any], kwargs: dict, *,
+               static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = ()):
+    """JAX's debug info of a call (source line, argument names), as ``jax.jit`` builds it."""
+    return api_util.debug_info(
+        traced_for, fun, tuple(args), kwargs, static_argnums=tuple(static_argnums),
+        static_argnames=tuple(static_argnames),
+    )
+
+
+try:  # traceback filtering, as jax.jit does it
+    from jax._src.traceback_util import api_boundary, register_exclusion
+except ImportError:
+    def api_boundary(fun, **_):
+        return fun
+
+    def register_exclusion(path: str) -> None:
+        pass
 
 try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
     from jax.extend.core.primitives import jit_p

@@ -172,22 +172,27 @@ def demo(n: int = 1000, repeat: int = 10) -> None:
     np.set_printoptions(precision=4, suppress=True)
     print(f"pejit demo: JAX {jax.__version__}, backend {jax.default_backend()}")
 
-    _section("1. seed 000: f(x, xi) = H(x) @ xi, Chebyshev basis H, x constant")
+    _section("1. A basis computed once: f(x, xi) = H(x) @ xi, H(x) a polynomial basis, x constant")
+    print("   x (the points) is marked constant, so H(x) is computed now; the compiled")
+    print("   program is one matrix-vector product with the folded basis `a`:")
     x = chebyshev_points(3)
     xi = jnp.ones(3)
     f1 = pejit(lambda x, xi: chebyshev_basis(x, 2) @ xi, constant_argnums=0)
-    print("   residual jaxpr (H(x) folded into a constant):")
     print(_indent(f1.report(x, xi).after))
     print(f"   f(x, xi) = {np.asarray(f1(x, xi))}")
 
-    _section("2. seed 000: custom primitive H (impl + JVP, no lowering), f(x, xi) = x + dH(x) @ xi")
+    _section("2. An operation jax.jit cannot compile: f(x, xi) = x + H'(x) @ xi")
+    print("   H is a JAX primitive written in NumPy, with a derivative rule but no")
+    print("   XLA implementation (a 'lowering'), like a wrapped external library.")
     x = jnp.array([1.0, 2.0, 3.0])
     xi = jnp.array([1.0, 2.0, 3.0, 4.0])
     try:
         jax.jit(seed_f)(x, xi)
         print("   jax.jit(f): compiled (unexpected)")
     except NotImplementedError as e:
-        print(f"   jax.jit(f): NotImplementedError: {str(e).splitlines()[0]}")
+        print(f"   jax.jit(f) fails, as expected: NotImplementedError: {str(e).splitlines()[0]}")
+        print("   That is the point: jax.jit must compile H; with x constant, pejit runs")
+        print("   H once on the concrete x and compiles only what depends on xi.")
     f2 = pejit(x, xi, constant_arg_nums=[0])(seed_f)
     print(f"   pejit(x, xi, constant_arg_nums=[0])(f)(xi) = {np.asarray(f2(xi))}")
     print(f"   jax.jacobian of it w.r.t. xi:\n{_indent(np.asarray(jax.jacobian(f2)(xi)), '     ')}")
@@ -211,11 +216,24 @@ def demo(n: int = 1000, repeat: int = 10) -> None:
     print(f"   speedup: {t_jit / t_pe:.0f}x")
 
 
+_DESCRIPTION = "pejit: partial-evaluation JIT compilation for JAX."
+_EPILOG = """\
+The benchmark suite is a separate command:
+  python -m pejit.bench [--quick] [--out DIR] [--tfc-python PATH]
+(it needs the bench extra: pip install "pejit[bench]"; see python -m pejit.bench --help)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m pejit demo [--n N]``."""
+    """Command line: `python -m pejit demo [--n N]`, `python -m pejit --version`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m pejit", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pejit", description=_DESCRIPTION, epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pejit {__version__} (JAX {jax.__version__})")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="fold the built-in examples and time them against jax.jit")
     d.add_argument("--n", type=int, default=1000, help="size of the constant matrix A (default 1000)")

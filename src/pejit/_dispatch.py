@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ._cache import SpecializationCache
+from ._errors import GENERATED
 
 
 class Layout(NamedTuple):
@@ -81,14 +82,14 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Spec
         "dead": cache.dead, "purge": cache.purge, "get": cache.entries.get, "touch": cache.touch,
         "last": cache.last, "cache": cache, "route": route, "uncached": uncached,
     }
-    exec(source, namespace)  # noqa: S102
+    exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]
 
 
 _BOUND_SOURCE = """
-def call(*args):
-    if len(args) != {k}:
-        full(args)  # raises the TypeError
+def call(*args, **kwargs):
+    if kwargs or len(args) != {k}:
+        full(args, kwargs)  # raises the TypeError
     return dispatch({merged})
 """
 
@@ -96,13 +97,13 @@ def call(*args):
 def bound_dispatcher(n: int, constants: dict[int, Any], dispatch: Callable, full: Callable) -> Callable:
     """The call of the TFC form: its bound constants merged back in, then ``dispatch``.
 
-    ``dispatch`` is the dispatcher of the ``n`` full arguments; ``full(args)``
-    raises the ``TypeError`` for a wrong number of arguments.
+    ``dispatch`` is the dispatcher of the ``n`` full arguments; ``full(args, kwargs)``
+    raises the ``TypeError`` for keywords or a wrong number of arguments.
     """
     dyn = iter(range(n - len(constants)))
     merged = ", ".join(f"c{i}" if i in constants else f"args[{next(dyn)}]" for i in range(n))
     namespace = {f"c{i}": v for i, v in constants.items()} | {"dispatch": dispatch, "full": full}
-    exec(_BOUND_SOURCE.format(k=n - len(constants), merged=merged), namespace)  # noqa: S102
+    exec(compile(_BOUND_SOURCE.format(k=n - len(constants), merged=merged), GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["call"]
 
 

@@ -49,6 +49,7 @@ class _StageAll(Folder):
             return super().materialize(x)
 
 
+@_compat.api_boundary
 def explain(
     fun: Callable,
     *args: Any,
@@ -62,11 +63,11 @@ def explain(
     Arguments are those of a call: positions in ``constant_argnums`` and
     keywords in ``constant_argnames`` are constants, the rest may be arrays
     or ``jax.ShapeDtypeStruct``. ``fun`` may also be a function made by
-    :func:`pejit` or :func:`pe` (then its own constant arguments are used,
+    [`pejit`][pejit.pejit] or [`pe`][pejit.pe] (then its own constant arguments are used,
     and its cached specialization), including the TFC form, which takes only
     the non-constant arguments.
 
-    The :class:`FoldReport` has ``before`` (the program ``jax.jit`` would
+    The [`FoldReport`][pejit.FoldReport] has ``before`` (the program ``jax.jit`` would
     compile with the constants closed over) and ``after`` (the residual
     program); print it for a summary, display it in Jupyter for both jaxprs
     side by side, or call ``to_dot()`` for a Graphviz picture.
@@ -98,6 +99,7 @@ def explain(
             fun, constant_argnums=constant_argnums, constant_argnames=constant_argnames,
             jit=False, fold_options=fold_options,
         )
+        pj._hints_given.update(("nothing", "writable"))  # the report says it: no warnings
     report = pj.specialize(*args, **kwargs).report
     return dataclasses.replace(report, before=_original(pj, args, kwargs))
 

@@ -12,8 +12,8 @@ estimate is a lower bound, good for comparing before and after.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from jax.extend.core import primitives as P
 
@@ -40,6 +40,24 @@ def eqn_flops(eqn) -> float:
     """Estimated FLOPs of one jaxpr equation (0 when no rule knows it)."""
     rule = flop_rules.get(eqn.primitive)
     return float(rule(eqn)) if rule is not None else 0.0
+
+
+class _Var(NamedTuple):
+    aval: Any
+
+
+class _Eqn(NamedTuple):
+    primitive: Any
+    invars: list
+    outvars: list
+    params: dict
+
+
+def flops_of(prim, in_avals: Sequence[Any], out_avals: Sequence[Any], params: dict) -> float:
+    """`eqn_flops` of an equation not built yet: the folder counts what it folds."""
+    if prim not in flop_rules:
+        return 0.0
+    return eqn_flops(_Eqn(prim, [_Var(a) for a in in_avals], [_Var(a) for a in out_avals], params))
 
 
 def jaxpr_flops(jaxpr) -> float:

@@ -74,7 +74,7 @@ class FoldOptions:
 
     Turn one off to debug a suspected miscompilation: the result must not
     change, only how much is folded. The passes are described together in
-    :mod:`pejit._rules`.
+    `pejit._rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
@@ -97,7 +97,7 @@ class FoldOptions:
         work (``length x size``) folded into stacked constants; a loop that
         would need more keeps that work in its body.
       backend: how batches of known work are evaluated: ``"auto"`` (a cost
-        model picks per batch, see :mod:`pejit._batch`), ``"eager"`` (op by
+        model picks per batch, see `pejit._batch`), ``"eager"`` (op by
         op) or ``"compiled"`` (one ``jax.jit`` program per batch).
 
     Examples:
@@ -191,12 +191,21 @@ class FoldStats:
 
     folded: Counter = dataclasses.field(default_factory=Counter)
     staged: Counter = dataclasses.field(default_factory=Counter)
-    rematerialized: Counter = dataclasses.field(default_factory=Counter)
     eliminated_branches: int = 0
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
+    flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._flops)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+
+
+def label(prim, params: dict) -> str:
+    """How reports count an equation: its primitive, and a nested call's function.
+
+    `jit(cholesky)` rather than `jit`, as the DOT graph labels it.
+    """
+    name = params.get("name")
+    return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
 
 
 class Folder:
@@ -264,11 +273,12 @@ class Folder:
             return self._evaluate_now(prim, args, params, e)
         out_avals = out_avals if prim.multiple_results else [out_avals]
         if effects:
-            self.stats.effects_kept[prim.name] += 1
+            self.stats.effects_kept[label(prim, params)] += 1
             return NotImplemented
         if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):
             return self.stage_lazy(trace, prim, args, params)
-        self.stats.folded[prim.name] += 1
+        self.stats.folded[label(prim, params)] += 1
+        self.stats.flops += _flops.flops_of(prim, avals, out_avals, params)
         if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch.
@@ -288,8 +298,8 @@ class Folder:
         values = [self.materialize(a) for a in args]
         if any(isinstance(v, _compat.Tracer) for v in values):
             raise error
-        self.stats.eager_evaluations[prim.name] += 1
-        self.stats.folded[prim.name] += 1
+        self.stats.eager_evaluations[label(prim, params)] += 1
+        self.stats.folded[label(prim, params)] += 1
         return _compat.evaluate(prim, values, params)
 
     def call_inputs(self, trace, args) -> list:
@@ -362,8 +372,7 @@ class Folder:
             )
             if stored:
                 if recipe.lazy:  # an expansion stored after all: see FUSES_OPERANDS
-                    self.stats.rematerialized[recipe.prim.name] -= 1
-                    self.stats.folded[recipe.prim.name] += 1
+                    self.stats.folded[label(recipe.prim, recipe.params)] += 1
                 needed.extend(v for v in eqn.outvars if v in live)
                 continue
             if eqn.effects or any(v in live for v in eqn.outvars):
@@ -394,7 +403,6 @@ class Folder:
 
     def stage_lazy(self, trace, prim, args, params):
         """Stage ``prim`` on known inputs, remembering how to materialize it."""
-        self.stats.rematerialized[prim.name] += 1
         return self._record(trace, prim, args, params, lazy=True)
 
     def _var(self, x):
@@ -502,3 +510,6 @@ def replay(trace, closed_jaxpr, args: Sequence[Any]) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` under ``trace`` (folding as we go)."""
     with _compat.set_current_trace(trace):
         return _compat.eval_jaxpr(closed_jaxpr.jaxpr, closed_jaxpr.consts, *args)
+
+
+from . import _flops  # noqa: E402  (it imports ELEMENTWISE from here)

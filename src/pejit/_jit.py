@@ -16,14 +16,14 @@ import functools
 import operator
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from . import _argnums, _compat
+from . import _argnums, _compat, _errors
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
+from ._errors import FoldingSkippedWarning, PejitWarning  # noqa: F401  (re-exported)
 from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
@@ -34,30 +34,6 @@ from ._stages import Lowered
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
 _tree_leaves = jax.tree_util.tree_leaves
-
-
-class PejitWarning(UserWarning):
-    """Base class of the warnings pejit issues."""
-
-
-class FoldingSkippedWarning(PejitWarning):
-    """A constant argument was a tracer, so pejit could not fold it.
-
-    This happens when an outer transformation (``jax.jit``, ``grad``,
-    ``vmap``) is applied over a constant argument: the function then runs
-    unfolded, with the right result.
-
-    Examples:
-      >>> import warnings, jax
-      >>> from pejit import pejit
-      >>> f = pejit(lambda a, x: a * x, constant_argnums=0)
-      >>> with warnings.catch_warnings(record=True) as caught:
-      ...     warnings.simplefilter("always")
-      ...     jax.jit(f)(2.0, 3.0)
-      Array(6., dtype=float32, weak_type=True)
-      >>> caught[0].category.__name__
-      'FoldingSkippedWarning'
-    """
 
 
 class _Abandoned(Exception):
@@ -71,10 +47,10 @@ class _KW:
 class Pejitted:
     """A function whose constant arguments are folded at specialization time.
 
-    Created by :func:`pejit` or :func:`pe`. Calling it specializes on the
+    Created by [`pejit`][pejit.pejit] or [`pe`][pejit.pe]. Calling it specializes on the
     constant values (once per value) and runs the residual program on the
     dynamic arguments. Specializations live in an LRU cache of ``cache_size``
-    entries (:data:`DEFAULT_CACHE_SIZE` by default, ``None`` for unbounded);
+    entries ([`DEFAULT_CACHE_SIZE`][pejit.DEFAULT_CACHE_SIZE] by default, ``None`` for unbounded);
     one keyed on a ``jax.Array`` constant is dropped when that array dies.
     ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
     ``report`` summarizes a specialization.
@@ -149,9 +125,10 @@ class Pejitted:
         # structure key -> Program or PerValue
         self._programs = SpecializationCache(cache_size)
         self._layouts: dict[int, Layout] = {}
-        self._dispatch = lambda *args, **kwargs: self._route(args, kwargs)
+        self._dispatch = _compat.api_boundary(lambda *args, **kwargs: self._route(args, kwargs))
         self._lock = threading.RLock()
         self._warned = False
+        self._hints_given: set[str] = set()  # see _errors.check_constants/check_folded
         functools.update_wrapper(self, fun)
 
     def _resolve(self, sig, what_nums, nums, what_names, names):
@@ -193,6 +170,7 @@ class Pejitted:
             return layout.dispatch(*args)
         return self._uncached(args, kwargs)
 
+    @_compat.api_boundary  # an error in the user's function shows no pejit frames
     def _uncached(self, args: tuple, kwargs: dict):
         try:
             spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
@@ -205,13 +183,7 @@ class Pejitted:
         with self._lock:
             warn, self._warned = not self._warned, True
         if warn:
-            warnings.warn(
-                f"pejit({self._name}): {what} is a tracer of an outer "
-                "transformation (jit/grad/vmap over a constant argument), so it "
-                "was treated as dynamic and nothing was folded",
-                FoldingSkippedWarning,
-                stacklevel=3,
-            )
+            _errors.skipped_folding(self._name, what)
         return self._fun(*args, **kwargs)
 
     def _layout(self, n: int) -> Layout:
@@ -272,6 +244,8 @@ class Pejitted:
                         spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
                     const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
                     cache.put(key, spec, watch=watched(const_leaves))
+                    _errors.check_constants(self._name, const_leaves, self._hints_given)
+                    _errors.check_folded(self._name, spec, const_leaves, self._hints_given)
                     return spec, dyn_args, dyn_kwargs
         cache.hits += 1
         fixed = self._fixed_names
@@ -325,6 +299,8 @@ class Pejitted:
             out_trees.append(out_tree)
             return out_leaves
 
+        # JAX's errors while tracing name the user's function and arguments.
+        _errors.name_after(flat_fun, fun, where, const_vals, in_tree)
         return flat_fun
 
     def _trace_program(self, nargs, where, const_leaves, const_tree, in_tree, avals):
@@ -359,6 +335,8 @@ class Pejitted:
                     raise _Abandoned
                 tries.append(True)
                 return flat_fun(*dyn_leaves)
+
+            once.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
 
             residual = fold(once, avals, self._options, name=self._name)
             traced["jaxpr"] = residual.open_jaxpr()
@@ -428,6 +406,8 @@ class Pejitted:
 
     def _make_runner(self, jaxpr, nconsts: int, out_tree, nargs: int) -> Callable:
         run = runner(jaxpr, nconsts, out_tree)
+        # The user's name in profiles and dumps: the HLO module is jit_<name>.
+        run.__name__ = run.__qualname__ = self._name
         if self._jit:
             run = jax.jit(run, **self._jit_kwargs_for(nargs, nconsts))
         return run
@@ -457,30 +437,34 @@ class Pejitted:
         return kwargs
 
     # -- jax.jit's staged API --------------------------------------------
+    @_compat.api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
         """Lower the residual program for these arguments, as ``jax.jit`` does."""
         spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("lower")
         return Lowered(spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
 
+    @_compat.api_boundary
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
         spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
         self._require_jit("trace")
         return spec.run.trace(*spec.consts, *dyn_args, **dyn_kwargs)
 
+    @_compat.api_boundary
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
         spec, _, _ = self._specialization(args, kwargs)
         outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
+    @_compat.api_boundary
     def specialize(self, *args, **kwargs) -> Specialization:
         """The specialization these arguments select (folding if needed)."""
         return self._specialization(args, kwargs)[0]
 
     def report(self, *args, **kwargs):
-        """The :class:`~pejit.FoldReport` of the specialization for these arguments."""
+        """The [`FoldReport`][pejit.FoldReport] of the specialization for these arguments."""
         return self.specialize(*args, **kwargs).report
 
     def _require_jit(self, what: str) -> None:
@@ -556,7 +540,9 @@ class BoundPejitted:
     # Like ``Pejitted``'s: the call is one generated function (C-level property).
     __call__ = property(operator.attrgetter("_call"))
 
-    def _full(self, args: tuple) -> tuple:
+    def _full(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        if kwargs:
+            raise _errors.tfc_keywords_error(self.__wrapped__, self._n, self._const, kwargs)
         want = len(self._dyn_positions)
         if len(args) != want:
             raise TypeError(
@@ -660,7 +646,8 @@ def pejit(
     (an LRU; ``None``: unbounded); ``constant_shardings`` places the folded
     constants: a ``jax.sharding.Sharding`` for all of them, or a callable
     from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
-    keeps the placement folding gave it). See ``docs/caching.md``.
+    keeps the placement folding gave it). See
+    [Caching and specializations](caching.md).
 
     ``constant_argnums="auto"`` folds the array arguments that repeat (the
     same object on ``auto_after`` calls) when that removes at least
@@ -695,10 +682,11 @@ def pe(
     auto_after: int | None = None,
     auto_demote_after: int | None = None,
     auto_min_flops: float | None = None,
+    **kwargs: Any,
 ):
     """Partially evaluate a function with constant arguments, without jitting.
 
-    The same forms as :func:`pejit`; the result runs the residual program
+    The same forms as [`pejit`][pejit.pejit]; the result runs the residual program
     equation by equation (it can be jitted, vmapped, differentiated).
 
     Examples:
@@ -710,7 +698,7 @@ def pe(
     """
     return _front(
         "pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options,
-        {"cache_size": cache_size}, _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops),
+        {"cache_size": cache_size, **kwargs}, _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops),
     )
 
 
@@ -723,6 +711,7 @@ def _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flop
 
 def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs,
            auto=None):
+    _errors.check_decoration(name, args, constant_arg_nums, jit_kwargs)
     if auto is not None:
         if constant_arg_nums is not None or constant_argnames is not None:
             raise TypeError(
@@ -740,6 +729,7 @@ def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnam
                 "or constant_argnums/constant_argnames (jax.jit form), not both"
             )
 
+        @_compat.api_boundary
         def bind(fun):
             return BoundPejitted(
                 fun, args, constant_arg_nums, jit=jit, fold_options=fold_options, jit_kwargs=jit_kwargs

@@ -20,8 +20,9 @@ from typing import Any
 from jax.extend.core import Literal
 
 from ._compat import is_drop_var
-from ._flops import eqn_flops, jaxpr_flops
+from ._flops import jaxpr_flops
 from ._folding import FoldStats, nbytes
+from ._folding import label as eqn_label
 
 #: How an equation of the original program fares, by :func:`classify`.
 FOLDED, RESIDUAL, EFFECT = "folded", "residual", "effect"
@@ -34,8 +35,10 @@ class FoldReport:
     Attributes:
       folded: equations evaluated at specialization time, by primitive.
       residual: equations left in the residual program, by primitive.
-      rematerialized: cheap expansions kept in the residual program rather
-        than stored as large constants, by primitive.
+      rematerialized: equations of the residual program that depend on the
+        folded constants alone (cheap expansions recomputed on every call
+        rather than stored as large constants), by primitive; read off
+        ``after``, so it says what the residual program really computes.
       effects_kept: effectful equations kept although their inputs were known.
       eliminated_branches: ``cond``/``switch`` equations resolved at fold time.
       folded_bytes: total size of the folded constants the residual program
@@ -43,8 +46,8 @@ class FoldReport:
       fold_seconds: wall time of tracing and folding.
       after: the residual jaxpr; its ``consts`` are the folded constants,
         passed to the compiled program as device buffers.
-      before: the original program, when known (:func:`pejit.explain` and
-        :func:`pejit.specialize_jaxpr` record it): for ``explain``, the
+      before: the original program, when known ([`explain`][pejit.explain] and
+        [`specialize_jaxpr`][pejit.specialize_jaxpr] record it): for ``explain``, the
         jaxpr ``jax.jit`` would see with the constants closed over (they are
         its ``consts``) and Python control flow on them already decided.
       known_invars: positions of ``before``'s inputs that were known (its
@@ -58,6 +61,11 @@ class FoldReport:
       eager_evaluations: equations evaluated at once on their known inputs
         because their primitive's abstract evaluation failed (its ``impl``
         gave the output types), by primitive; also counted in ``folded``.
+      flops_folded: estimated FLOPs of the folded equations (`pejit._flops`),
+        counted as they were folded.
+
+    Equations are counted by primitive, nested `jax.jit` calls by function
+    (`jit(cholesky)`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -89,14 +97,19 @@ class FoldReport:
     strategy: str = "eager"
     fallbacks: tuple[str, ...] = ()
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
+    flops_folded: float = 0.0
 
     @classmethod
     def build(cls, stats: FoldStats, closed_jaxpr, seconds: float, before=None) -> FoldReport:
-        residual = Counter(e.primitive.name for e in closed_jaxpr.jaxpr.eqns)
+        eqns = closed_jaxpr.jaxpr.eqns
+        residual = Counter(eqn_label(e.primitive, e.params) for e in eqns)
+        recomputed = Counter(
+            eqn_label(e.primitive, e.params) for e, m in zip(eqns, classify(closed_jaxpr)) if m == FOLDED
+        )
         return cls(
             folded=stats.folded,
             residual=residual,
-            rematerialized=+stats.rematerialized,  # drops expansions stored after all
+            rematerialized=recomputed,
             effects_kept=stats.effects_kept,
             eliminated_branches=stats.eliminated_branches,
             folded_bytes=sum(nbytes(getattr(c, "aval", None) or _aval(c)) for c in closed_jaxpr.consts),
@@ -105,6 +118,7 @@ class FoldReport:
             before=before,
             hoisted=stats.hoisted,
             eager_evaluations=stats.eager_evaluations,
+            flops_folded=stats.flops,
         )
 
     @property
@@ -130,19 +144,16 @@ class FoldReport:
     def marks(self) -> list[str] | None:
         """For each equation of ``before``: ``"folded"``, ``"residual"`` or ``"effect"``.
 
-        See :func:`classify` for how (and how approximately) this is decided.
+        See `classify` (in `pejit._report`) for how (and how approximately) this is decided.
         """
         if self.before is None:
             return None
         return classify(self.before, self.known_invars)
 
-    @functools.cached_property
-    def flops_removed(self) -> float | None:
-        """Estimated FLOPs per call of the folded equations of ``before`` (see ``pejit._flops``)."""
-        if self.before is None:
-            return None
-        eqns = self.before.jaxpr.eqns
-        return sum(eqn_flops(e) for e, m in zip(eqns, self.marks) if m == FOLDED)
+    @property
+    def flops_removed(self) -> float:
+        """Estimated FLOPs per call of the folded equations (see `pejit._flops`)."""
+        return self.flops_folded
 
     @functools.cached_property
     def flops_residual(self) -> float:
@@ -174,11 +185,9 @@ class FoldReport:
             f"{_count(len(self.literals), 'literal')}",
             f"fold time: {self.fold_seconds * 1e3:.1f} ms ({self.strategy})",
         ]
-        if self.flops_removed is not None:
-            lines.append(
-                f"estimated FLOPs per call: {self.flops_removed:.3g} removed, "
-                f"{self.flops_residual:.3g} left"
-            )
+        lines.append(
+            f"estimated FLOPs per call: {self.flops_removed:.3g} removed, {self.flops_residual:.3g} left"
+        )
         if self.eliminated_branches:
             lines.append(f"branches eliminated: {self.eliminated_branches}")
         if self.hoisted:
@@ -190,7 +199,10 @@ class FoldReport:
 
     def _repr_html_(self) -> str:
         """Both jaxprs side by side, folded equations of the original marked."""
-        style = {FOLDED: "color:#1e7b34;background:#e6f4ea", RESIDUAL: "", EFFECT: "background:#fce8e6"}
+        style = {
+            FOLDED: "color:#1e7b34;background:#e6f4ea", RESIDUAL: "", EFFECT: "background:#fce8e6",
+            "recomputed": "background:#fff4e5",
+        }
 
         def panel(title, closed, marks):
             header, lines, footer = format_jaxpr(closed)
@@ -204,7 +216,11 @@ class FoldReport:
                 f'<pre style="font-size:85%">{chr(10).join(rows)}</pre></td>'
             )
 
-        after_marks = [EFFECT if e.effects else RESIDUAL for e in self.after.jaxpr.eqns]
+        # In the residual program, equations on folded constants alone are recomputed expansions.
+        after_marks = [
+            EFFECT if e.effects else "recomputed" if m == FOLDED else RESIDUAL
+            for e, m in zip(self.after.jaxpr.eqns, classify(self.after))
+        ]
         cells = []
         if self.before is not None:
             cells.append(panel("before (green: folded)", self.before, self.marks))
@@ -363,11 +379,9 @@ def jaxpr_to_dot(closed_jaxpr, marks: Sequence[str], known_invars: Sequence[int]
     for j, (eqn, mark) in enumerate(zip(jaxpr.eqns, marks)):
         node = f"e{j}"
         outs = ", ".join(_type(v.aval) for v in eqn.outvars)
-        call = eqn.params.get("name")  # jit calls: which function
-        title = f"{eqn.primitive.name} {call}" if isinstance(call, str) else eqn.primitive.name
-        label = f"{title}\\n{outs}"  # DOT's line break
+        text = f"{eqn_label(eqn.primitive, eqn.params)}\\n{outs}"  # DOT's line break
         lines.append(
-            f'  {node} [label={q(label)}, shape=box, style="rounded,filled", fillcolor="{_COLORS[mark]}"];'
+            f'  {node} [label={q(text)}, shape=box, style="rounded,filled", fillcolor="{_COLORS[mark]}"];'
         )
         for v in dict.fromkeys(v for v in eqn.invars if not isinstance(v, Literal)):
             lines.append(f"  {producer[v]} -> {node};")
@@ -377,8 +391,26 @@ def jaxpr_to_dot(closed_jaxpr, marks: Sequence[str], known_invars: Sequence[int]
         lines.append(f'  out{k} [label="output {k}", shape=plaintext];')
         if not isinstance(v, Literal):
             lines.append(f"  {producer[v]} -> out{k};")
+    lines.extend(_legend(q))
     lines.append("}")
     return "\n".join(lines)
+
+
+def _legend(q) -> list[str]:
+    """A DOT cluster explaining the colours, in the graph's own node styles."""
+    keys = [
+        ("input (dynamic)", "box", "filled", "#cfe2ff"),
+        ("constant", "box", "filled", "#dddddd"),
+        ("folded (computed once)", "box", "rounded,filled", _COLORS[FOLDED]),
+        ("residual (runs every call)", "box", "rounded,filled", _COLORS[RESIDUAL]),
+        ("effect kept (inputs known)", "box", "rounded,filled", _COLORS[EFFECT]),
+    ]
+    lines = ['  subgraph cluster_legend {', '    label="legend"; fontname="Helvetica"; fontsize=10; color="#999999";']
+    for i, (text, shape, style, color) in enumerate(keys):
+        lines.append(f'    legend{i} [label={q(text)}, shape={shape}, style="{style}", fillcolor="{color}"];')
+    lines.append("    " + " -> ".join(f"legend{i}" for i in range(len(keys))) + " [style=invis];")
+    lines.append("  }")
+    return lines
 
 
 def _type(aval) -> str:

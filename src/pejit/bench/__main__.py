@@ -38,7 +38,7 @@ def find_tfc_python(option: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pejit.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pejit.bench", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--quick", action="store_true", help="smaller problems, fewer repeats (< 3 minutes)")
     parser.add_argument("--out", default="benchmarks", help="directory for RESULTS.md and plots")
     parser.add_argument("--name", default="RESULTS.md", help="file name of the results")
