@@ -67,6 +67,15 @@ def register_fold_rule(*prims, deferred: bool = False) -> Callable[[FoldRule], F
     return register
 
 
+class NeedsValue(Exception):
+    """A fold rule needs the value of an abstract constant (see :meth:`Folder.is_known`).
+
+    Raised only while a value-independent folding program is traced: the
+    structure then depends on the constants' values, which are traced again
+    for each value, concretely.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class FoldOptions:
     """Switches for pejit's passes, each on by default.
@@ -264,8 +273,21 @@ class Folder:
         constants of a folding program being compiled (see ``_jit``), and
         evaluating a recipe on them stages it into that program.
         """
-        staged = isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
-        return not staged or self._var(x) is not None
+        return not self.is_staged(x) or self._var(x) is not None
+
+    def is_staged(self, x) -> bool:
+        """Whether ``x`` is a tracer of this folder's trace (unknown, or known but deferred).
+
+        Everything else is a value: concrete, or an abstract constant (a
+        tracer of an outer trace, see :meth:`is_known`). Rules decide what is
+        known by this, never by ``isinstance(x, Tracer)``, so that a folding
+        program's trace takes the decisions the concrete trace would take.
+        """
+        return isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
+
+    def is_abstract(self, x) -> bool:
+        """Whether ``x`` is an abstract constant: known, but without a value yet."""
+        return isinstance(x, _compat.Tracer) and not self.is_staged(x)
 
     def is_lazy(self, x) -> bool:
         """Whether ``x`` is a cheap expansion that stays in the residual program."""

@@ -17,6 +17,7 @@ import operator
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
 from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
-from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
+from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
 from ._specialize import Residual, fold
 from ._stages import Lowered
 
@@ -347,6 +348,7 @@ class Pejitted:
                 return flat_fun(*dyn_leaves)
 
             residual = fold(once, avals, self._options, name=self._name)
+            traced["trace"] = weakref.ref(array_leaves[0]._trace) if array_leaves else None
             traced["jaxpr"] = residual.jaxpr.jaxpr
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
@@ -358,11 +360,9 @@ class Pejitted:
                 e = e.__context__ or e
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        if has_control_flow(traced["jaxpr"]):
-            # Loops, branches and checkpoints left in the residual are where
-            # pejit's passes hoist known work, by evaluating it concretely:
-            # with abstract constants they would hoist less. Fold each value.
-            return PerValue("control flow left in the residual is specialized per value"), None
+        reason = why_per_value(traced["jaxpr"], traced["trace"])
+        if reason is not None:
+            return PerValue(reason), None
         consts = program.evaluate(*arrays)
         run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
         return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts

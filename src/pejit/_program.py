@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -123,18 +125,48 @@ class Specialization:
         return self.residual.report
 
 
-def has_control_flow(jaxpr) -> bool:
-    """Whether ``jaxpr`` has an equation with a sub-jaxpr other than a plain call."""
+def why_per_value(jaxpr, constants_trace: weakref.ref | None) -> str | None:
+    """Why a residual traced with abstract constants cannot serve every value, or ``None``.
+
+    The folding trace decides as the concrete trace would (an abstract
+    constant is a known value; a decision that needs its value fails the
+    trace), except in Python code that JAX runs itself:
+
+    * a ``custom_jvp``/``custom_vjp`` function that closes over arrays: JAX
+      folds known work on closed-over constants inside it (eagerly) only
+      when they are concrete, so the residual would differ;
+    * a residual that keeps a constant's tracer alive (``constants_trace``,
+      the trace of the abstract constants, outlives the trace): a custom
+      rule or a callback closes over a constant, and would run on the
+      tracer later, when differentiated or called.
+    """
+    name = _closing_custom_call(jaxpr)
+    if name is not None:
+        return f"the custom_jvp/custom_vjp function {name!r} closes over arrays"
+    trace = constants_trace and constants_trace()
+    if trace is not None:
+        gc.collect()  # only cycles left? (JAX's leak checker does the same)
+        if any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace)):
+            return "a custom rule or callback in the residual closes over a constant"
+    return None
+
+
+def _closing_custom_call(jaxpr) -> str | None:
+    """The name of a custom call in ``jaxpr`` (or in its sub-jaxprs) with closed-over inputs."""
     for eqn in jaxpr.eqns:
         subs = [
-            sub for v in eqn.params.values() for sub in (v if isinstance(v, (tuple, list)) else (v,))
-            if isinstance(sub, (Jaxpr, ClosedJaxpr))
+            getattr(sub, "jaxpr", sub) for v in eqn.params.values()
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(sub, (Jaxpr, ClosedJaxpr))
         ]
-        if subs and eqn.primitive is not _compat.jit_p:
-            return True
-        if any(has_control_flow(getattr(sub, "jaxpr", sub)) for sub in subs):
-            return True
-    return False
+        if eqn.primitive.name in _CUSTOM_CALLS and eqn.params.get("num_consts", 0):
+            return getattr(subs[0].debug_info, "func_name", eqn.primitive.name)
+        for name in map(_closing_custom_call, subs):
+            if name is not None:
+                return name
+    return None
+
+
+_CUSTOM_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
 def runner(jaxpr, out_tree) -> Callable:
