@@ -330,7 +330,18 @@ class Folder:
         values = self._materialize(needed)
         kept.reverse()
         jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *needed], eqns=kept)
+        if self._abstract():
+            # Abstract constants' work is staged in the folding program's
+            # trace: useless once it ends, and it must not keep that trace
+            # alive (rule thunks of custom calls keep this folder alive).
+            self._recipes.clear()
+            self._materialized.clear()
         return jaxpr, [*consts, *values]
+
+    def _abstract(self) -> bool:
+        """Whether this folder folded abstract constants (see :meth:`is_known`)."""
+        values = [*self._materialized.values(), *(a for r in self._recipes.values() for a in r.args)]
+        return any(isinstance(v, _compat.Tracer) for v in values)
 
     # -- cheap expansions -------------------------------------------------
     def _stays_lazy(self, prim, args, avals, out_avals) -> bool:

@@ -345,10 +345,11 @@ class Pejitted:
                 if tries:
                     raise _Abandoned
                 tries.append(True)
+                traced["traces"].append(weakref.ref(_compat.core_trace()))
                 return flat_fun(*dyn_leaves)
 
+            traced["traces"] = [weakref.ref(a._trace) for a in array_leaves[:1]]
             residual = fold(once, avals, self._options, name=self._name)
-            traced["trace"] = weakref.ref(array_leaves[0]._trace) if array_leaves else None
             traced["jaxpr"] = residual.jaxpr.jaxpr
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
@@ -360,7 +361,7 @@ class Pejitted:
                 e = e.__context__ or e
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        reason = why_per_value(traced["jaxpr"], traced["trace"])
+        reason = why_per_value(traced["jaxpr"], traced["traces"])
         if reason is not None:
             return PerValue(reason), None
         consts = program.evaluate(*arrays)

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import gc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -125,7 +125,7 @@ class Specialization:
         return self.residual.report
 
 
-def why_per_value(jaxpr, constants_trace: weakref.ref | None) -> str | None:
+def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
     """Why a residual traced with abstract constants cannot serve every value, or ``None``.
 
     The folding trace decides as the concrete trace would (an abstract
@@ -135,20 +135,32 @@ def why_per_value(jaxpr, constants_trace: weakref.ref | None) -> str | None:
     * a ``custom_jvp``/``custom_vjp`` function that closes over arrays: JAX
       folds known work on closed-over constants inside it (eagerly) only
       when they are concrete, so the residual would differ;
-    * a residual that keeps a constant's tracer alive (``constants_trace``,
-      the trace of the abstract constants, outlives the trace): a custom
-      rule or a callback closes over a constant, and would run on the
-      tracer later, when differentiated or called.
+    * a residual that keeps a tracer of ``traces`` alive (the trace of the
+      abstract constants, the folding trace) after they ended: a custom
+      rule or a callback closes over a constant, or over a value computed
+      from one, and would run on that tracer later, when differentiated or
+      called.
     """
     name = _closing_custom_call(jaxpr)
     if name is not None:
         return f"the custom_jvp/custom_vjp function {name!r} closes over arrays"
-    trace = constants_trace and constants_trace()
-    if trace is not None:
-        gc.collect()  # only cycles left? (JAX's leak checker does the same)
-        if any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace)):
-            return "a custom rule or callback in the residual closes over a constant"
+    if any(map(_has_live_tracers, traces)):
+        return "a custom rule or callback in the residual closes over a constant"
     return None
+
+
+def _has_live_tracers(trace_ref: weakref.ref) -> bool:
+    """Whether tracers of a trace that ended are still alive (JAX's leak check)."""
+    if trace_ref() is None:
+        return False
+    for collect in (False, True):
+        if collect:
+            gc.collect()  # perhaps they only live in cycles
+        trace = trace_ref()
+        if trace is None or not any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace)):
+            return False
+        del trace
+    return True
 
 
 def _closing_custom_call(jaxpr) -> str | None:
