@@ -323,8 +323,9 @@ class Pejitted:
         Any failure counts, since JAX reports a missing value in many ways
         (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
         ``IndexError`` for slices) and so may user code checking values; the
-        concrete trace then raises the function's real errors. The reason is
-        kept in the report.
+        concrete trace then raises the function's real errors. A residual
+        that :func:`why_per_value` rejects is value-dependent too. The reason
+        is kept in the report.
         """
         is_arrays = [is_array(leaf) for leaf in const_leaves]
         arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]

@@ -79,9 +79,10 @@ class FoldingProgram:
 
 class PerValue(NamedTuple):
     """Marks a structure whose trace depends on constant values, or whose
-    residual keeps control flow (see ``Pejitted._trace_program``): each value is folded
-    by tracing the function again, with concrete constants. ``reason`` goes
-    into the report's ``fallbacks``, so that this is never silent."""
+    residual cannot serve every value (see :func:`why_per_value`): each value
+    is folded by tracing the function again, with concrete constants.
+    ``reason`` goes into the report's ``fallbacks``, so that this is never
+    silent."""
 
     reason: str
 
