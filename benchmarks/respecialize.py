@@ -97,6 +97,10 @@ def custom_vjp_case(a, x):
     return softplus_dot(jnp.linalg.inv(a), x)
 
 
+def no_custom_rule_case(a, x):  # the same folding work, without a custom rule
+    return jnp.tanh(jnp.linalg.inv(a) @ x)
+
+
 def report(name, f, consts, x):
     first = timed(f, consts[0], x)
     second = timed(f, consts[1], x)
@@ -127,6 +131,7 @@ def main():
     mlp_case("MLP 64-512x4-64, tanh", jnp.tanh)
     mlp_case("MLP 64-512x4-64, relu", jax.nn.relu)
     case("custom_vjp of inv(a), n=256", custom_vjp_case, 256)
+    case("tanh of inv(a), n=256", no_custom_rule_case, 256)
 
 
 if __name__ == "__main__":
