@@ -75,6 +75,16 @@ def while_fun(a, x):
     return lax.while_loop(lambda c: (c[0] < 3) & (jnp.abs(c[1]).sum() < 1e3), body, (0, x))[1]
 
 
+def checkpoint_fun(a, x):
+    return jax.checkpoint(lambda x: jnp.sin(jnp.linalg.inv(a) @ x))(x)
+
+
+def known_cond_fun(a, x):
+    # A cond whose index and operands are all known is folded whole.
+    b = lax.cond(a[0, 1] < -1, jnp.linalg.inv, lambda a: -a, a)
+    return jax.nn.relu(b @ x)
+
+
 CASES = {
     "relu_mlp": (relu_mlp, mlp_params, "lu"),
     "custom_vjp": (custom_vjp_fun, spd, "lu"),
@@ -82,6 +92,8 @@ CASES = {
     "scan": (scan_fun, spd, "lu"),
     "fori_loop": (fori_fun, spd, "lu"),
     "while_loop": (while_fun, spd, "lu"),
+    "checkpoint": (checkpoint_fun, spd, "lu"),
+    "known_cond": (known_cond_fun, spd, "lu"),
 }
 
 

@@ -263,7 +263,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
 
     def _folding_trace(self, args) -> core.Trace:
         """The outer trace of ``args`` if they are all values and some are its tracers, else ``super()``."""
-        if any(isinstance(x, core.Tracer) and x._trace is self for x in args):
+        if any(isinstance(x, core.Tracer) and isinstance(x._trace, StagingTrace) for x in args):
             return super()
         return next((x._trace for x in args if isinstance(x, core.Tracer)), super())
 

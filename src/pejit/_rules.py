@@ -74,6 +74,8 @@ def _cond(folder: Folder, trace, prim, args, params):
     branches = params["branches"]
     index = folder.materialize(index)
     if folder.is_abstract(index):
+        if all(map(folder.is_known, operands)):
+            return NotImplemented  # folded whole, into the folding program
         raise NeedsValue("a cond's branch is chosen by constants")
     i = int(np.clip(np.asarray(index), 0, len(branches) - 1))
     folder.stats.eliminated_branches += 1
