@@ -75,6 +75,11 @@ def while_fun(a, x):
     return lax.while_loop(lambda c: (c[0] < 3) & (jnp.abs(c[1]).sum() < 1e3), body, (0, x))[1]
 
 
+def counted_while_fun(a, x):
+    # The trip count is decided by literals: known, and the same for every value.
+    return lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.linalg.inv(a) @ c[1]), (0, x))[1]
+
+
 def checkpoint_fun(a, x):
     return jax.checkpoint(lambda x: jnp.sin(jnp.linalg.inv(a) @ x))(x)
 
@@ -92,6 +97,7 @@ CASES = {
     "scan": (scan_fun, spd, "lu"),
     "fori_loop": (fori_fun, spd, "lu"),
     "while_loop": (while_fun, spd, "lu"),
+    "counted_while": (counted_while_fun, spd, "lu"),
     "checkpoint": (checkpoint_fun, spd, "lu"),
     "known_cond": (known_cond_fun, spd, "lu"),
 }

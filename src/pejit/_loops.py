@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import compress
 from typing import Any
 
 from jax.extend.core import ClosedJaxpr
@@ -228,10 +229,6 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
     )
     if cond_uk[0]:
         return None
-    if any(folder.is_abstract(a) for a in args):
-        # JAX's fori_loop makes a loop whose bounds are concrete a scan (which
-        # reverse-mode differentiation needs), so the trip count matters.
-        raise NeedsValue("a while loop's trip count is decided by constants")
     n_known = carry_uk.count(False)
     bk = bk.replace(jaxpr=bk.jaxpr.replace(outvars=bk.jaxpr.outvars[:n_known]))
     ck = ck.replace(jaxpr=ck.jaxpr.replace(outvars=ck.jaxpr.outvars[:1]))
@@ -240,10 +237,28 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
         *args[cn : cn + n_known_b],
         *(c for c, uk in zip(init, carry_uk) if not uk),
     ]
+    if any(map(folder.is_abstract, _trip_count_inputs(ck, bk, known_args, n_known_c, n_known_b))):
+        # JAX's fori_loop makes a loop whose bounds are concrete a scan (which
+        # reverse-mode differentiation needs), so the trip count matters.
+        raise NeedsValue("a while loop's trip count is decided by constants")
     known_params = dict(
         cond_jaxpr=ck, body_jaxpr=bk, cond_nconsts=n_known_c, body_nconsts=n_known_b
     )
     return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
+
+
+def _trip_count_inputs(ck: ClosedJaxpr, bk: ClosedJaxpr, known_args: Sequence[Any], n_c: int, n_b: int) -> list:
+    """The inputs of a known while loop (``ck``, ``bk``) that its trip count depends on."""
+    cconsts, bconsts, carries = known_args[:n_c], known_args[n_c : n_c + n_b], known_args[n_c + n_b :]
+    _, used_c = _compat.dce_jaxpr(ck.jaxpr, [True])
+    used_carries, used_b = used_c[n_c:], [False] * n_b
+    while True:  # the carries the condition reads, and those they are computed from
+        _, used = _compat.dce_jaxpr(bk.jaxpr, used_carries)
+        used_b, more = used[:n_b], [a or b for a, b in zip(used_carries, used[n_b:])]
+        if more == used_carries:
+            break
+        used_carries = more
+    return [*compress(cconsts, used_c[:n_c]), *compress(bconsts, used_b), *compress(carries, used_carries)]
 
 
 def hoist_branches(folder: Folder, trace, prim, index, operands, params):

@@ -152,16 +152,15 @@ def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
 
 def _has_live_tracers(trace_ref: weakref.ref) -> bool:
     """Whether tracers of a trace that ended are still alive (JAX's leak check)."""
-    if trace_ref() is None:
+    if not _tracers_of(trace_ref):
         return False
-    for collect in (False, True):
-        if collect:
-            gc.collect()  # perhaps they only live in cycles
-        trace = trace_ref()
-        if trace is None or not any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace)):
-            return False
-        del trace
-    return True
+    gc.collect()  # perhaps they only live in cycles
+    return _tracers_of(trace_ref)
+
+
+def _tracers_of(trace_ref: weakref.ref) -> bool:
+    trace = trace_ref()
+    return trace is not None and any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace))
 
 
 def _closing_custom_call(jaxpr) -> str | None:
