@@ -169,7 +169,10 @@ def test_custom_rules_still_apply_to_the_dynamic_arguments():
     "fun, reason",
     [
         # the predicate is known: the branch taken depends on the value
-        (lambda a, x: lax.cond(a[0, 0] > 4, lambda x: jax.nn.relu(a @ x), lambda x: -x, x), "branch is chosen by constants"),
+        (
+            lambda a, x: lax.cond(a[0, 0] > 4, lambda x: jax.nn.relu(a @ x), lambda x: -x, x),
+            "branch is chosen by constants",
+        ),
         (lambda a, x: jax.nn.relu(a @ x) if a[0, 0] > 4 else -x, "TracerBoolConversionError"),
         # Python reads the trip count from a constant
         (lambda a, x: lax.fori_loop(0, int(a[0, 0]), lambda i, c: jnp.sin(c), x), "needs constant values"),
