@@ -37,6 +37,7 @@ from jax.extend.core import primitives as P
 
 from . import _batch, _compat
 from ._batch import nbytes
+from ._multihost import check_fetchable
 
 #: A fold rule: ``rule(folder, trace, prim, args, params)`` returns the
 #: outputs of ``prim`` or ``NotImplemented`` to defer to the default policy.
@@ -283,7 +284,7 @@ class Folder:
         known by this, never by ``isinstance(x, Tracer)``, so that a folding
         program's trace takes the decisions the concrete trace would take.
         """
-        return isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
+        return getattr(_compat.trace_of(x), "policy", None) is self
 
     def is_abstract(self, x) -> bool:
         """Whether ``x`` is an abstract constant: known, but without a value yet."""
@@ -309,12 +310,20 @@ class Folder:
         # An abstract constant (a tracer of an outer trace) has no value yet.
         return None if isinstance(value, _compat.Tracer) else value
 
+    def numpy_value(self, tracer):
+        """Hook for :class:`~pejit._compat.KnowableTracer`: NumPy asks for the whole array."""
+        value = self.concrete_value(tracer)
+        check_fetchable(value)  # sharded across processes: name the user's line
+        return value
+
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """Turn the known values the residual ``jaxpr`` uses into constants.
 
-        Equations recorded as folds are dropped; those of their outputs that
-        live equations (or the outputs) use become constvars, materialized
-        in one batch. Lazy expansions stay, as do effectful equations.
+        ``jaxpr`` is open: its leading inputs are ``consts``. Equations
+        recorded as folds are dropped; those of their outputs that live
+        equations (or the outputs) use become new constant inputs (after
+        ``consts``), materialized in one batch. Lazy expansions stay, as do
+        effectful equations.
         """
         live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
         kept, needed = [], []
@@ -329,14 +338,15 @@ class Folder:
         needed.reverse()
         values = self._materialize(needed)
         kept.reverse()
-        jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *needed], eqns=kept)
+        n = len(consts)
+        invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
         if self._abstract():
             # Abstract constants' work is staged in the folding program's
             # trace: useless once it ends, and it must not keep that trace
             # alive (rule thunks of custom calls keep this folder alive).
             self._recipes.clear()
             self._materialized.clear()
-        return jaxpr, [*consts, *values]
+        return _compat.with_invars(jaxpr.replace(eqns=kept), invars), [*consts, *values]
 
     def _abstract(self) -> bool:
         """Whether this folder folded abstract constants (see :meth:`is_known`)."""
@@ -370,11 +380,8 @@ class Folder:
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
-        if isinstance(x, _compat.Tracer) and getattr(x, "_trace", None) is trace:
-            const = trace.get_const(x)
-            if const is not None:
-                return const
-        return x
+        const = _compat.const_of(trace, x)
+        return x if const is None else const
 
     # -- deferred evaluation ---------------------------------------------
     def _record(self, trace, prim, args, params, *, lazy: bool):
@@ -387,7 +394,7 @@ class Folder:
         # JAX's staging may forward an input or fold a literal instead of
         # emitting an equation; such outputs already know their value.
         outvars = tuple(
-            o.val if trace.get_const(o) is None and self._var(o) is None else None
+            o.val if _compat.const_of(trace, o) is None and self._var(o) is None else None
             for o in out_list
         )
         if any(v is not None for v in outvars):

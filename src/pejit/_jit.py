@@ -349,9 +349,10 @@ class Pejitted:
                 traced["traces"].append(weakref.ref(_compat.core_trace()))
                 return flat_fun(*dyn_leaves)
 
-            traced["traces"] = [weakref.ref(a._trace) for a in array_leaves[:1]]
+            traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
             residual = fold(once, avals, self._options, name=self._name)
-            traced["jaxpr"] = residual.jaxpr.jaxpr
+            traced["jaxpr"] = residual.open_jaxpr()
+            traced["nconsts"] = len(residual.consts)
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
 
@@ -366,8 +367,9 @@ class Pejitted:
         if reason is not None:
             return PerValue(reason), None
         consts = program.evaluate(*arrays)
-        run = self._make_runner(traced["jaxpr"], out_trees[-1], nargs)
-        return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+        jaxpr, nconsts = traced["jaxpr"], traced["nconsts"]
+        run = self._make_runner(jaxpr, nconsts, out_trees[-1], nargs)
+        return Program(jaxpr, nconsts, out_trees[-1], traced["report"], run, program), consts
 
     def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals, reason: str) -> Specialization:
         out_trees: list = []
@@ -379,8 +381,9 @@ class Pejitted:
             residual.report, fallbacks=(*residual.report.fallbacks, note)))
         folded = residual.consts
         consts = self._place(folded, jax.device_put)
-        run = self._make_runner(residual.jaxpr.jaxpr, out_trees[-1], nargs)
-        program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+        jaxpr, nconsts = residual.open_jaxpr(), len(folded)
+        run = self._make_runner(jaxpr, nconsts, out_trees[-1], nargs)
+        program = Program(jaxpr, nconsts, out_trees[-1], residual.report, run, None)
         return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
     def _place(self, consts: list, put: Callable) -> list:
@@ -394,10 +397,10 @@ class Pejitted:
             out.append(c if s is None else put(c, s))
         return out
 
-    def _make_runner(self, jaxpr, out_tree, nargs: int) -> Callable:
-        run = runner(jaxpr, out_tree)
+    def _make_runner(self, jaxpr, nconsts: int, out_tree, nargs: int) -> Callable:
+        run = runner(jaxpr, nconsts, out_tree)
         if self._jit:
-            run = jax.jit(run, **self._jit_kwargs_for(nargs, len(jaxpr.constvars)))
+            run = jax.jit(run, **self._jit_kwargs_for(nargs, nconsts))
         return run
 
     def _jit_kwargs_for(self, nargs: int, nconsts: int) -> dict:

@@ -37,10 +37,13 @@ class Program:
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "out_tree", "report", "run", "fold")
+    __slots__ = ("jaxpr", "nconsts", "out_tree", "report", "run", "fold")
 
-    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: FoldingProgram | None):
-        self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
+    def __init__(
+        self, jaxpr, nconsts: int, out_tree, report: FoldReport, run: Callable, fold: FoldingProgram | None
+    ):
+        self.jaxpr = jaxpr  # the open residual jaxpr; its first nconsts inputs are the folded constants
+        self.nconsts = nconsts
         self.out_tree = out_tree
         self.report = report
         self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
@@ -116,7 +119,7 @@ class Specialization:
     @property
     def residual(self) -> Residual:
         if self._residual is None:
-            closed = ClosedJaxpr(self.program.jaxpr, self.consts)
+            closed = _compat.close_jaxpr(self.program.jaxpr, self.consts)
             report = dataclasses.replace(self.program.report, after=closed, fold_seconds=self.fold_seconds)
             self._residual = Residual(closed, report)
         return self._residual
@@ -181,15 +184,14 @@ def _closing_custom_call(jaxpr) -> str | None:
 _CUSTOM_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
-def runner(jaxpr, out_tree) -> Callable:
-    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
+def runner(jaxpr, nconsts: int, out_tree) -> Callable:
+    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating an open residual jaxpr.
 
-    ``jaxpr``'s constvars (the folded constants) become leading arguments, so
-    they reach XLA as buffers, not as HLO literals; flat rather than in one
-    list, which ``jax.jit``'s dispatch would flatten on every call.
+    ``jaxpr``'s first ``nconsts`` inputs (the folded constants) are leading
+    arguments, so they reach XLA as buffers, not as HLO literals; flat rather
+    than in one list, which ``jax.jit``'s dispatch would flatten on every call.
     """
-    nconsts = len(jaxpr.constvars)
-    fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
+    fun = jaxpr_as_fun(_compat.close_jaxpr(jaxpr, ()))
     # An output that is a literal (a folded Python scalar) comes back from the
     # interpreter as that scalar; jax.jit would return an array.
     literal_outs = {

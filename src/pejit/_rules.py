@@ -52,7 +52,6 @@ Dead-code elimination of the residual jaxpr always runs.
 from __future__ import annotations
 
 import numpy as np
-from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as P
 
 from . import _compat
@@ -109,7 +108,7 @@ def _checkpoint(folder: Folder, trace, prim, args, params):
     """
     if not folder.options.calls or all(folder.is_known(a) for a in args):
         return NotImplemented
-    hoisted = hoist(folder, ClosedJaxpr(params["jaxpr"], ()), args)
+    hoisted = hoist(folder, _compat.close_jaxpr(params["jaxpr"], ()), args)
     if hoisted is None:
         return NotImplemented
     body, args = hoisted
