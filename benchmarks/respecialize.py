@@ -11,6 +11,10 @@ For each case, prints the wall time of:
   folding program);
 * ``cached``: a call whose specialization is cached.
 
+The MLP cases pass a pytree of weights (plus the activation function, a
+static leaf) as the constant; ``jax.nn.relu`` is a ``custom_jvp`` function,
+``jnp.tanh`` a primitive.
+
 Run: ``python benchmarks/respecialize.py``
 """
 
@@ -54,17 +58,67 @@ def wide_ops(a, x):
     return a @ x
 
 
-def case(name, fun, n):
-    rng = np.random.default_rng(0)
-    consts = [jnp.asarray(rng.normal(size=(n, n)) + n * np.eye(n), jnp.float32) for _ in range(4)]
-    x = jnp.ones(n, jnp.float32)
-    f = pejit(fun, constant_argnums=0)
+def mlp(params, x):
+    """A plain-JAX MLP, like ``eqx.nn.MLP(64, 64, 512, 4)``; ``params["act"]`` is static."""
+    *hidden, (w, b) = params["layers"]
+    for wi, bi in hidden:
+        x = params["act"](wi @ x + bi)
+    return w @ x + b
+
+
+def mlp_params(seed, act, sizes=(64, 512, 512, 512, 512, 64)):
+    rng = np.random.default_rng(seed)
+    layers = [
+        (jnp.asarray(rng.normal(size=(m, n)) / np.sqrt(n), jnp.float32), jnp.asarray(rng.normal(size=m), jnp.float32))
+        for n, m in zip(sizes[:-1], sizes[1:])
+    ]
+    return {"layers": layers, "act": act}
+
+
+@jax.custom_vjp
+def softplus_dot(w, x):  # a custom_vjp whose operands include a folded constant
+    return jnp.logaddexp(w @ x, 0.0)
+
+
+def _softplus_dot_fwd(w, x):
+    return softplus_dot(w, x), (w, x)
+
+
+def _softplus_dot_bwd(res, g):
+    w, x = res
+    s = jax.nn.sigmoid(w @ x) * g
+    return jnp.outer(s, x), w.T @ s
+
+
+softplus_dot.defvjp(_softplus_dot_fwd, _softplus_dot_bwd)
+
+
+def custom_vjp_case(a, x):
+    return softplus_dot(jnp.linalg.inv(a), x)
+
+
+def no_custom_rule_case(a, x):  # the same folding work, without a custom rule
+    return jnp.tanh(jnp.linalg.inv(a) @ x)
+
+
+def report(name, f, consts, x):
     first = timed(f, consts[0], x)
     second = timed(f, consts[1], x)
     later = min(timed(f, c, x) for c in consts[2:])
     cached = min(timed(f, consts[0], x) for _ in range(5))
     kind = "value-independent" if f.specialize(consts[0], x).program.fold is not None else "value-dependent"
     print(f"{name:<34}{kind:>18}{first:10.3f}{second:12.4f}{later:10.4f}{cached:10.5f}")
+
+
+def mlp_case(name, act, values=6):
+    consts = [mlp_params(seed, act) for seed in range(values)]
+    report(name, pejit(mlp, constant_argnums=0), consts, jnp.ones(64, jnp.float32))
+
+
+def case(name, fun, n):
+    rng = np.random.default_rng(0)
+    consts = [jnp.asarray(rng.normal(size=(n, n)) + n * np.eye(n), jnp.float32) for _ in range(4)]
+    report(name, pejit(fun, constant_argnums=0), consts, jnp.ones(n, jnp.float32))
 
 
 def main():
@@ -74,6 +128,10 @@ def main():
     case("inv + cholesky, n=1000, branching", linalg_branching, 1000)
     case("1000 elementwise ops, n=256", many_ops, 256)
     case("50 matmul ops, n=1024", wide_ops, 1024)
+    mlp_case("MLP 64-512x4-64, tanh", jnp.tanh)
+    mlp_case("MLP 64-512x4-64, relu", jax.nn.relu)
+    case("custom_vjp of inv(a), n=256", custom_vjp_case, 256)
+    case("tanh of inv(a), n=256", no_custom_rule_case, 256)
 
 
 if __name__ == "__main__":

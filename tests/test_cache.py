@@ -287,19 +287,3 @@ def test_options_are_validated_and_reach_pe():
     a, b, x = spd(0), spd(1), jnp.ones(4)
     f(a, x), f(b, x)
     assert f.cache_info().maxsize == 1 and f.cache_info().currsize == 1
-
-
-def test_control_flow_in_the_residual_is_folded_per_value():
-    # pejit's passes hoist known work out of loops by evaluating it, which
-    # abstract constants cannot give: such specializations fold each value.
-    def g(a, xs):
-        return jax.lax.scan(lambda c, x: (c + jnp.linalg.inv(a) @ x, None), jnp.zeros(4), xs)[0]
-
-    f = pj(g, constant_argnums=0)
-    xs = jnp.ones((3, 4))
-    for seed in range(2):
-        a = spd(seed)
-        np.testing.assert_allclose(f(a, xs), g(a, xs), rtol=1e-4)
-        spec = f.specialize(a, xs)
-        assert spec.program.fold is None
-        assert "getrf" not in str(spec.residual.jaxpr) and "lu" not in spec.report.residual

@@ -483,15 +483,23 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     # A custom_jvp/custom_vjp call is folded whole (JAX's eager path) when its
     # inputs are all concrete; otherwise it is staged, with known work in its
     # primal function folded as JAX traces it. Its rules are never bypassed.
+    # Known inputs that are abstract constants (tracers of the outer trace of
+    # a folding program being built) fold the call whole into that program.
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
         tracers = self.policy.call_inputs(self, tracers)
         with _config.eager_constant_folding(True):
-            return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
+            return self._folding_trace(tracers).process_custom_jvp_call(prim, fun, jvp, tracers, **params)
 
     def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
         tracers = self.policy.call_inputs(self, tracers)
         with _config.eager_constant_folding(True):
-            return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+            return self._folding_trace(tracers).process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+
+    def _folding_trace(self, args) -> core.Trace:
+        """The outer trace of ``args`` if they are all values and some are its tracers, else ``super()``."""
+        if any(isinstance(x, core.Tracer) and isinstance(x._trace, StagingTrace) for x in args):
+            return super()
+        return next((x._trace for x in args if isinstance(x, core.Tracer)), super())
 
     def stage(self, prim, tracers, params):
         """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
@@ -553,6 +561,10 @@ def trace_staging(
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
         # Constants first, as plain inputs: what to_jaxpr returns from JAX 0.11.1.
         jaxpr = _pe.convert_constvars_jaxpr(jaxpr)
+        # Rule thunks of custom_jvp/custom_vjp calls in the jaxpr keep this
+        # trace alive; they must not keep the parent alive too (for a folding
+        # program, the trace of its abstract constants: see ``_program``).
+        trace.parent_trace = None
         del trace, in_tracers, out_tracers, ans
     return policy.finalize(jaxpr, list(consts))
 

@@ -68,6 +68,15 @@ def register_fold_rule(*prims, deferred: bool = False) -> Callable[[FoldRule], F
     return register
 
 
+class NeedsValue(Exception):
+    """A fold rule needs the value of an abstract constant (see :meth:`Folder.is_known`).
+
+    Raised only while a value-independent folding program is traced: the
+    structure then depends on the constants' values, which are traced again
+    for each value, concretely.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class FoldOptions:
     """Switches for pejit's passes, each on by default.
@@ -320,8 +329,21 @@ class Folder:
         constants of a folding program being compiled (see ``_jit``), and
         evaluating a recipe on them stages it into that program.
         """
-        staged = getattr(_compat.trace_of(x), "policy", None) is self
-        return not staged or self._var(x) is not None
+        return not self.is_staged(x) or self._var(x) is not None
+
+    def is_staged(self, x) -> bool:
+        """Whether ``x`` is a tracer of this folder's trace (unknown, or known but deferred).
+
+        Everything else is a value: concrete, or an abstract constant (a
+        tracer of an outer trace, see :meth:`is_known`). Rules decide what is
+        known by this, never by ``isinstance(x, Tracer)``, so that a folding
+        program's trace takes the decisions the concrete trace would take.
+        """
+        return getattr(_compat.trace_of(x), "policy", None) is self
+
+    def is_abstract(self, x) -> bool:
+        """Whether ``x`` is an abstract constant: known, but without a value yet."""
+        return isinstance(x, _compat.Tracer) and not self.is_staged(x)
 
     def is_lazy(self, x) -> bool:
         """Whether ``x`` is a cheap expansion that stays in the residual program."""
@@ -386,7 +408,18 @@ class Folder:
         kept.reverse()
         n = len(consts)
         invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
+        if self._abstract():
+            # Abstract constants' work is staged in the folding program's
+            # trace: useless once it ends, and it must not keep that trace
+            # alive (rule thunks of custom calls keep this folder alive).
+            self._recipes.clear()
+            self._materialized.clear()
         return _compat.with_invars(jaxpr.replace(eqns=kept), invars), [*consts, *values]
+
+    def _abstract(self) -> bool:
+        """Whether this folder folded abstract constants (see :meth:`is_known`)."""
+        values = [*self._materialized.values(), *(a for r in self._recipes.values() for a in r.args)]
+        return any(isinstance(v, _compat.Tracer) for v in values)
 
     # -- cheap expansions -------------------------------------------------
     def _stays_lazy(self, prim, args, avals, out_avals) -> bool:

@@ -16,6 +16,7 @@ import functools
 import operator
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from ._errors import FoldingSkippedWarning, PejitWarning  # noqa: F401  (re-expo
 from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
-from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
+from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
 from ._specialize import Residual, fold, share_constants
 from ._stages import Lowered
 
@@ -312,8 +313,9 @@ class Pejitted:
         Any failure counts, since JAX reports a missing value in many ways
         (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
         ``IndexError`` for slices) and so may user code checking values; the
-        concrete trace then raises the function's real errors. The reason is
-        kept in the report.
+        concrete trace then raises the function's real errors. A residual
+        that :func:`why_per_value` rejects is value-dependent too. The reason
+        is kept in the report.
         """
         is_arrays = [is_array(leaf) for leaf in const_leaves]
         arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
@@ -334,10 +336,11 @@ class Pejitted:
                 if tries:
                     raise _Abandoned
                 tries.append(True)
+                traced["traces"].append(weakref.ref(_compat.core_trace()))
                 return flat_fun(*dyn_leaves)
 
             once.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
-
+            traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
             residual = fold(once, avals, self._options, name=self._name)
             traced["jaxpr"] = residual.open_jaxpr()
             traced["nconsts"] = len(residual.consts)
@@ -351,11 +354,9 @@ class Pejitted:
                 e = e.__context__ or e
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        if has_control_flow(traced["jaxpr"]):
-            # Loops, branches and checkpoints left in the residual are where
-            # pejit's passes hoist known work, by evaluating it concretely:
-            # with abstract constants they would hoist less. Fold each value.
-            return PerValue("control flow left in the residual is specialized per value"), None
+        reason = why_per_value(traced["jaxpr"], traced["traces"])
+        if reason is not None:
+            return PerValue(reason), None
         consts = program.evaluate(*arrays)
         program.residual = traced["jaxpr"]
         unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["report"], None, program)

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import compress
 from typing import Any
 
 from jax.extend.core import ClosedJaxpr
 from jax.extend.core import primitives as P
 
 from . import _compat
-from ._folding import Folder, nbytes, register_fold_rule, replay
+from ._folding import Folder, NeedsValue, nbytes, register_fold_rule, replay
 
 
 #: Stands for an input of a body that is never known (a carry, a scanned input).
@@ -51,13 +52,14 @@ DYNAMIC = object()
 def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False):
     """Fold the work of ``body`` that depends only on its concrete ``args``.
 
-    ``args`` are ``body``'s inputs: concrete values, tracers or ``DYNAMIC``;
+    ``args`` are ``body``'s inputs: values (concrete, or abstract constants
+    of a folding program), tracers of ``folder``'s trace or ``DYNAMIC``;
     its literals and closed-over constants are known too. Returns the new
     body and its arguments: the folded values it still needs, then the
     non-concrete ``args`` in order. Returns ``None`` when nothing could be
     folded (unless ``force``).
     """
-    concrete = [not isinstance(a, _compat.Tracer) and a is not DYNAMIC for a in args]
+    concrete = [a is not DYNAMIC and not folder.is_staged(a) for a in args]
     unknown_avals = [aval for aval, k in zip(body.in_avals, concrete) if not k]
 
     def interpret(*unknown):
@@ -103,7 +105,7 @@ def _scan(folder: Folder, trace, prim, args, params):
     n_known = 0
     if hoisted is not None:
         body, new_consts = hoisted
-        n_known = len(new_consts) - sum(isinstance(c, _compat.Tracer) for c in consts)
+        n_known = len(new_consts) - sum(map(folder.is_staged, consts))
         args = [*new_consts, *rest]
         params = scan.with_consts(body, len(new_consts))
     outs = _split_scan(folder, trace, prim, args, params, n_known)
@@ -183,11 +185,11 @@ def _while(folder: Folder, trace, prim, args, params):
     n_known_c = n_known_b = 0
     if (hoisted := _hoist(folder, cond, cconsts)) is not None:
         cond, new = hoisted
-        n_known_c = len(new) - sum(isinstance(c, _compat.Tracer) for c in cconsts)
+        n_known_c = len(new) - sum(map(folder.is_staged, cconsts))
         cconsts = new
     if (hoisted := _hoist(folder, body, bconsts)) is not None:
         body, new = hoisted
-        n_known_b = len(new) - sum(isinstance(c, _compat.Tracer) for c in bconsts)
+        n_known_b = len(new) - sum(map(folder.is_staged, bconsts))
         bconsts = new
     args = [*cconsts, *bconsts, *init]
     params = dict(
@@ -237,10 +239,28 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
         *args[cn : cn + n_known_b],
         *(c for c, uk in zip(init, carry_uk) if not uk),
     ]
+    if any(map(folder.is_abstract, _trip_count_inputs(ck, bk, known_args, n_known_c, n_known_b))):
+        # JAX's fori_loop makes a loop whose bounds are concrete a scan (which
+        # reverse-mode differentiation needs), so the trip count matters.
+        raise NeedsValue("a while loop's trip count is decided by constants")
     known_params = dict(
         cond_jaxpr=ck, body_jaxpr=bk, cond_nconsts=n_known_c, body_nconsts=n_known_b
     )
     return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
+
+
+def _trip_count_inputs(ck: ClosedJaxpr, bk: ClosedJaxpr, known_args: Sequence[Any], n_c: int, n_b: int) -> list:
+    """The inputs of a known while loop (``ck``, ``bk``) that its trip count depends on."""
+    cconsts, bconsts, carries = known_args[:n_c], known_args[n_c : n_c + n_b], known_args[n_c + n_b :]
+    _, used_c = _compat.dce_jaxpr(ck.jaxpr, [True])
+    used_carries, used_b = used_c[n_c:], [False] * n_b
+    while True:  # the carries the condition reads, and those they are computed from
+        _, used = _compat.dce_jaxpr(bk.jaxpr, used_carries)
+        used_b, more = used[:n_b], [a or b for a, b in zip(used_carries, used[n_b:])]
+        if more == used_carries:
+            break
+        used_carries = more
+    return [*compress(cconsts, used_c[:n_c]), *compress(bconsts, used_b), *compress(carries, used_carries)]
 
 
 def hoist_branches(folder: Folder, trace, prim, index, operands, params):
@@ -249,12 +269,12 @@ def hoist_branches(folder: Folder, trace, prim, index, operands, params):
     Each branch is replayed with the concrete operands known; what each one
     folds becomes extra operands, which the other branches ignore.
     """
-    if not any(not isinstance(o, _compat.Tracer) for o in operands):
+    if all(map(folder.is_staged, operands)):
         return NotImplemented
     hoisted = [_hoist(folder, b, operands, force=True) for b in params["branches"]]
     if any(h is None for h in hoisted):
         return NotImplemented
-    dynamic = [o for o in operands if isinstance(o, _compat.Tracer)]
+    dynamic = [o for o in operands if folder.is_staged(o)]
     n_dyn = len(dynamic)
     consts = [new[: len(new) - n_dyn] for _, new in hoisted]
     branches = []

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import gc
+import weakref
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -85,9 +87,10 @@ class FoldingProgram:
 
 class PerValue(NamedTuple):
     """Marks a structure whose trace depends on constant values, or whose
-    residual keeps control flow (see ``Pejitted._trace_program``): each value is folded
-    by tracing the function again, with concrete constants. ``reason`` goes
-    into the report's ``fallbacks``, so that this is never silent."""
+    residual cannot serve every value (see :func:`why_per_value`): each value
+    is folded by tracing the function again, with concrete constants.
+    ``reason`` goes into the report's ``fallbacks``, so that this is never
+    silent."""
 
     reason: str
 
@@ -131,18 +134,59 @@ class Specialization:
         return self.residual.report
 
 
-def has_control_flow(jaxpr) -> bool:
-    """Whether ``jaxpr`` has an equation with a sub-jaxpr other than a plain call."""
+def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
+    """Why a residual traced with abstract constants cannot serve every value, or ``None``.
+
+    The folding trace decides as the concrete trace would (an abstract
+    constant is a known value; a decision that needs its value fails the
+    trace), except in Python code that JAX runs itself:
+
+    * a ``custom_jvp``/``custom_vjp`` function that closes over arrays: JAX
+      folds known work on closed-over constants inside it (eagerly) only
+      when they are concrete, so the residual would differ;
+    * a residual that keeps a tracer of ``traces`` alive (the trace of the
+      abstract constants, the folding trace) after they ended: a custom
+      rule or a callback closes over a constant, or over a value computed
+      from one, and would run on that tracer later, when differentiated or
+      called.
+    """
+    name = _closing_custom_call(jaxpr)
+    if name is not None:
+        return f"the custom_jvp/custom_vjp function {name!r} closes over arrays"
+    if any(map(_has_live_tracers, traces)):
+        return "a custom rule or callback in the residual closes over a constant"
+    return None
+
+
+def _has_live_tracers(trace_ref: weakref.ref) -> bool:
+    """Whether tracers of a trace that ended are still alive (JAX's leak check)."""
+    if not _tracers_of(trace_ref):
+        return False
+    gc.collect()  # perhaps they only live in cycles
+    return _tracers_of(trace_ref)
+
+
+def _tracers_of(trace_ref: weakref.ref) -> bool:
+    trace = trace_ref()
+    return trace is not None and any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace))
+
+
+def _closing_custom_call(jaxpr) -> str | None:
+    """The name of a custom call in ``jaxpr`` (or in its sub-jaxprs) with closed-over inputs."""
     for eqn in jaxpr.eqns:
         subs = [
-            sub for v in eqn.params.values() for sub in (v if isinstance(v, (tuple, list)) else (v,))
-            if isinstance(sub, (Jaxpr, ClosedJaxpr))
+            getattr(sub, "jaxpr", sub) for v in eqn.params.values()
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(sub, (Jaxpr, ClosedJaxpr))
         ]
-        if subs and eqn.primitive is not _compat.jit_p:
-            return True
-        if any(has_control_flow(getattr(sub, "jaxpr", sub)) for sub in subs):
-            return True
-    return False
+        if eqn.primitive.name in _CUSTOM_CALLS and eqn.params.get("num_consts", 0):
+            return getattr(subs[0].debug_info, "func_name", eqn.primitive.name)
+        for name in map(_closing_custom_call, subs):
+            if name is not None:
+                return name
+    return None
+
+
+_CUSTOM_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
 def runner(jaxpr, nconsts: int, out_tree) -> Callable:

@@ -59,7 +59,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from . import _compat
-from ._folding import Folder, register_fold_rule, replay
+from ._folding import Folder, NeedsValue, register_fold_rule, replay
 from ._loops import hoist, hoist_branches
 
 
@@ -75,7 +75,12 @@ def _cond(folder: Folder, trace, prim, args, params):
     if not folder.is_known(index):
         return hoist_branches(folder, trace, prim, index, operands, params)
     branches = params["branches"]
-    i = int(np.clip(np.asarray(folder.materialize(index)), 0, len(branches) - 1))
+    index = folder.materialize(index)
+    if folder.is_abstract(index):
+        if all(map(folder.is_known, operands)):
+            return NotImplemented  # folded whole, into the folding program
+        raise NeedsValue("a cond's branch is chosen by constants")
+    i = int(np.clip(np.asarray(index), 0, len(branches) - 1))
     folder.stats.eliminated_branches += 1
     return replay(trace, branches[i], operands)
 
