@@ -83,6 +83,10 @@ def _times_table(times: dict, ref: str) -> list[str]:
     return rows
 
 
+def mib(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:.0f} MiB"
+
+
 def _case1(r):
     return ["## Case 1: linsolve (n = 1000, float32)", "", *_times_table(r["times"], "hand"), "",
             f"Max abs difference from hand-folded, relative to its largest entry: {r['max_abs_error']}"]
@@ -134,7 +138,6 @@ def _case5(r):
              "|---|---|---|---|---|---|---|---|"]
     for n, row in r["sizes"].items():
         p, t = row["pejit"], row.get("tfc") or {}
-        mib = lambda b: f"{b / 2**20:.0f} MiB" if b is not None else "n/a"  # noqa: E731
         lines.append(f"| {n} | {mib(p['folded_bytes'])} | {_s(p['fold_s'])} | {_s(p['compile_s'])} | "
                      f"{mib(p['peak_increase_bytes'])} | {_s(t.get('fold_s'))} | {_s(t.get('compile_s'))} | "
                      f"{mib(t.get('peak_increase_bytes'))} |")
@@ -149,7 +152,6 @@ def _case6(r):
 
 
 def _case7(r):
-    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     lines = [f"## Case 7: multi-host (`jax.distributed`, 2 CPU devices per process; {r['n']} x {r['n']} float32"
              f" constant row-sharded over all devices)", "",
              "Fold = first value (traces and compiles the folding program); refold = a second value of the same"
@@ -196,7 +198,6 @@ def _case9(r):
         lines += ["", f"Per call: n/a {steady.get('error', r.get('error', ''))[:300]}"]
     fold = r.get("fold") or {}
     if fold:
-        mib = lambda b: f"{b / 2**20:.0f} MiB" if b is not None else "n/a"  # noqa: E731
         lines += ["", "| variant | fold time | peak RSS | peak RSS increase |", "|---|---|---|---|"]
         lines += [f"| {NAMES.get(v, v)} | {_s(f['seconds'])} | {mib(f['peak_bytes'])} | {mib(f['peak_increase_bytes'])} |"
                   for v, f in fold.items()]
