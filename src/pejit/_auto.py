@@ -71,7 +71,7 @@ class Decision:
 
 
 class AutoCacheInfo(CacheInfo):
-    """:class:`~pejit.CacheInfo` of the promoted specializations, plus the auto counters.
+    """[`CacheInfo`][pejit.CacheInfo] of the promoted specializations, plus the auto counters.
 
     Unpacks as the four fields of ``CacheInfo``; ``promotions``,
     ``demotions`` and ``generic_calls`` (calls served by the generic
@@ -98,7 +98,7 @@ class AutoReport:
     """What an automatic-constants function decided, and the fold it uses for a call.
 
     ``arguments`` maps each watched argument (position or keyword) to
-    ``(state, why)``; ``fold`` is the :class:`~pejit.FoldReport` of the
+    ``(state, why)``; ``fold`` is the [`FoldReport`][pejit.FoldReport] of the
     specialization these arguments run (``None`` when they run the generic
     program). Other attributes are the fold's (``r.residual``,
     ``r.flops_removed``, ...).
@@ -394,12 +394,12 @@ class AutoPejitted:
         return None
 
     def report(self, *args, **kwargs) -> AutoReport:
-        """The decisions, and the :class:`~pejit.FoldReport` of the fold these arguments run."""
+        """The decisions, and the [`FoldReport`][pejit.FoldReport] of the fold these arguments run."""
         special = self._route(args, kwargs)
         return AutoReport(self.decisions(), None if special is None else special.report(*args, **kwargs))
 
     def explain(self, *args, **kwargs) -> AutoReport:
-        """As :meth:`report`, with the fold's ``before`` program (see :func:`pejit.explain`)."""
+        """As `report`, with the fold's `before` program (see [`explain`][pejit.explain])."""
         from ._explain import explain
 
         special = self._route(args, kwargs)

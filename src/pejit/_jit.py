@@ -653,7 +653,7 @@ def pejit(
     ``constant_argnums="auto"`` folds the array arguments that repeat (the
     same object on ``auto_after`` calls) when that removes at least
     ``auto_min_flops`` per call, and otherwise runs ``jax.jit(f)``; see
-    :class:`~pejit.AutoPejitted` and ``docs/auto.md``.
+    [`AutoPejitted`][pejit.AutoPejitted] and [Automatic constants](auto.md).
 
     Examples:
       >>> import jax.numpy as jnp

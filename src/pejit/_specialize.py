@@ -272,7 +272,7 @@ def _on_host(c) -> bool:
     """Whether reading ``c`` as a NumPy array copies nothing."""
     if isinstance(c, np.ndarray):
         return True
-    return isinstance(c, jax.Array) and all(d.platform == "cpu" for d in c.devices())
+    return isinstance(c, jax.Array) and c.is_fully_addressable and all(d.platform == "cpu" for d in c.devices())
 
 
 def _content_key(c):
@@ -297,6 +297,8 @@ def _uniform_value(c):
         return None
     if jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended) or c.dtype.itemsize not in _UINT:
         return None
+    if isinstance(c, jax.Array) and not c.is_fully_addressable:
+        return None  # sharded over processes (jax.distributed): not worth a collective here
     if not _on_host(c):  # compared where it lives; only the verdict is copied
         with _compat.at_top_level():
             bits = jax.lax.bitcast_convert_type(c, _UINT[c.dtype.itemsize]).reshape(-1)
