@@ -77,7 +77,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -203,6 +203,9 @@ def _probe(required=_REQUIRED, methods=_METHODS, trace_class=None) -> None:
 
 
 _probe()
+
+if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
+    from ._folding import FoldPolicy
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
@@ -377,20 +380,18 @@ else:
         return prim.bind_with_trace(trace, args, params)
 
 
-def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-    """Bind ``prim`` on known ``args``: eagerly, or on the trace they come from.
+def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
+    """Bind ``prim`` on known ``args``: eagerly, or on ``trace``.
 
-    Known values are concrete, except when pejit builds a value-independent
-    folding program: then the constants are tracers of that program's (outer)
-    ``jax.jit`` trace, and folding an equation stages it there.
+    ``trace`` is the outer trace of abstract constants (see
+    :mod:`pejit._abstract`), which then stages ``prim`` into its program.
 
     Our trace may turn on ``eager_constant_folding``; it must not leak into
     the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
     has no eager rule in JAX 0.7).
     """
-    outer = next((x._trace for x in args if isinstance(x, core.Tracer)), core.eval_trace)
     with _config.eager_constant_folding(False):
-        return _bind(prim, outer, tuple(args), params)
+        return _bind(prim, core.eval_trace if trace is None else trace, tuple(args), params)
 
 
 def at_top_level():
@@ -464,7 +465,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     inputs concrete values when all are known (materializing deferred ones).
     """
 
-    def __init__(self, debug_info, parent_trace, policy):
+    def __init__(self, debug_info, parent_trace, policy: FoldPolicy):
         super().__init__(debug_info, parent_trace=parent_trace)
         self.policy = policy
 
@@ -528,7 +529,7 @@ def _canonical(args):
 def trace_staging(
     fun: Callable[..., Sequence[Any]],
     in_avals: Sequence[Any],
-    policy: Callable,
+    policy: FoldPolicy,
     name: str = "pejit",
     eager_bodies: bool = False,
 ) -> tuple[Jaxpr, list[Any]]:

@@ -30,27 +30,63 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
+from jax.extend.core import Primitive
 from jax.extend.core import primitives as P
 
-from . import _batch, _compat
+from . import _abstract, _batch, _compat
 from ._batch import nbytes
 from ._multihost import check_fetchable
 
-#: A fold rule: ``rule(folder, trace, prim, args, params)`` returns the
-#: outputs of ``prim`` or ``NotImplemented`` to defer to the default policy.
-FoldRule = Callable[..., Any]
-fold_rules: dict[Any, FoldRule] = {}
+class FoldPolicy(Protocol):
+    """What :class:`~pejit._compat.StagingTrace` asks of its policy.
+
+    :class:`Folder` is the policy pejit folds with; ``explain`` uses one that
+    folds nothing.
+    """
+
+    def __call__(self, trace: _compat.StagingTrace, prim: Primitive, args: Sequence[Any], params: dict) -> Any:
+        """A primitive application: its outputs, or ``NotImplemented`` to stage it."""
+
+    def call_inputs(self, trace: _compat.StagingTrace, args: Sequence[Any]) -> list[Any]:
+        """The inputs a ``custom_jvp``/``custom_vjp`` call sees: concrete
+        values (then JAX folds the call) or ``args`` as they are."""
+
+    def concrete_value(self, tracer: Any) -> Any:
+        """The value Python asks of a staged ``tracer`` (``bool``,
+        ``np.asarray``), or None if it has none."""
+
+    def finalize(self, jaxpr: Any, consts: list[Any]) -> tuple[Any, list[Any]]:
+        """The traced ``jaxpr`` and its ``consts``, with the known values it
+        uses turned into constants: what the trace returns."""
+
+
+class FoldRule(Protocol):
+    """A fold rule (as JAX types its ``ConstFoldRule``).
+
+    Called for every application of the primitives it is registered for,
+    with the known arguments materialized (concrete values) unless it was
+    registered with ``deferred=True``. Returns the outputs of ``prim``
+    (values, tracers staged on ``trace``, or a mix), or ``NotImplemented``
+    to leave the equation to :meth:`Folder.default`.
+    """
+
+    def __call__(
+        self, folder: Folder, trace: _compat.StagingTrace, prim: Primitive, args: Sequence[Any], params: dict
+    ) -> Any: ...
+
+
+fold_rules: dict[Primitive, FoldRule] = {}
 
 
 #: Primitives whose rule takes deferred known values as they come (tracers);
 #: every other rule sees them materialized, as concrete values.
-deferred_ok: set[Any] = set()
+deferred_ok: set[Primitive] = set()
 
 
-def register_fold_rule(*prims, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
+def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
     """Register ``rule`` for each primitive in ``prims``.
 
     Known values whose folding is deferred (see :class:`Folder`) are
@@ -218,7 +254,7 @@ def label(prim, params: dict) -> str:
 
 
 class Folder:
-    """The folding policy of one trace, and its bookkeeping.
+    """The folding policy of one trace (a :class:`FoldPolicy`), and its bookkeeping.
 
     Called by :class:`~pejit._compat.StagingTrace` for every primitive
     application; returns the outputs, or ``NotImplemented`` to stage.
@@ -291,7 +327,7 @@ class Folder:
         if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch.
-            return _compat.evaluate(prim, args, params)
+            return _abstract.evaluate(prim, args, params)
         return self._record(trace, prim, args, params, lazy=False)
 
     def _evaluate_now(self, prim, args, params, error: Exception):
@@ -323,11 +359,10 @@ class Folder:
 
     # -- known values -----------------------------------------------------
     def is_known(self, x) -> bool:
-        """Whether ``x`` is known: concrete, or a recipe of this folder.
+        """Whether ``x`` is known: a recipe of this folder, or not staged by it.
 
-        Tracers of an *outer* trace count as known too: they are the abstract
-        constants of a folding program being compiled (see ``_jit``), and
-        evaluating a recipe on them stages it into that program.
+        What this folder did not stage is concrete, or an abstract constant
+        (a tracer of an outer trace, see :mod:`pejit._abstract`).
         """
         return not self.is_staged(x) or self._var(x) is not None
 
@@ -362,8 +397,8 @@ class Folder:
         if not self.is_known(tracer):
             return None
         value = self.materialize(tracer)
-        # An abstract constant (a tracer of an outer trace) has no value yet.
-        return None if isinstance(value, _compat.Tracer) else value
+        # An abstract constant has no value yet.
+        return None if _abstract.is_abstract(value) else value
 
     def numpy_value(self, tracer):
         """Hook for :class:`~pejit._compat.KnowableTracer`: NumPy asks for the whole array."""
@@ -487,7 +522,7 @@ class Folder:
                 [v for v in targets if v in produced]
                 + ([] if final else [v for v in produced if self._uses[v] > inside[v]])
             ))
-            backend = "eager" if _batch.is_abstract(batch, self._materialized) else self.options.backend
+            backend = "eager" if _batch.reads_abstract(batch, self._materialized) else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
             if final:
                 # hand the earlier values over: run_batch frees each at its last use

@@ -37,10 +37,6 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 _tree_leaves = jax.tree_util.tree_leaves
 
 
-class _Abandoned(Exception):
-    """An abstract trace that cannot succeed; the constants will be concrete."""
-
-
 class _KW:
     """Tags the keyword part of a cache key."""
 
@@ -328,20 +324,15 @@ class Pejitted:
             it = iter(array_leaves)
             leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
             flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
-            tries = []
 
-            def once(*dyn_leaves):
-                # ``fold`` retries a trace that needed a concrete value with
-                # JAX's eager folding in loop bodies: no help for abstract constants.
-                if tries:
-                    raise _Abandoned
-                tries.append(True)
+            def traced_fun(*dyn_leaves):
                 traced["traces"].append(weakref.ref(_compat.core_trace()))
                 return flat_fun(*dyn_leaves)
 
-            once.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
+            traced_fun.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
             traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
-            residual = fold(once, avals, self._options, name=self._name)
+            # No retry with eager loop bodies: no help for abstract constants.
+            residual = fold(traced_fun, avals, self._options, name=self._name, retry_eager_bodies=False)
             traced["jaxpr"] = residual.open_jaxpr()
             traced["nconsts"] = len(residual.consts)
             traced["report"] = dataclasses.replace(residual.report, after=None)
@@ -350,8 +341,6 @@ class Pejitted:
         try:
             program = FoldingProgram(jax.jit(folding_program).trace(*arrays))
         except Exception as e:  # the trace needed a constant's value
-            if isinstance(e, _Abandoned):  # raised while handling the first failure
-                e = e.__context__ or e
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
         reason = why_per_value(traced["jaxpr"], traced["traces"])
