@@ -15,6 +15,7 @@ from ._errors import PejitWarning as PejitWarning
 from ._errors import WritableConstantWarning as WritableConstantWarning
 from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
+from ._folding import register_fold_rule as register_fold_rule
 from ._jit import BoundPejitted as BoundPejitted
 from ._jit import Pejitted as Pejitted
 from ._jit import pe as pe
@@ -43,5 +44,6 @@ __all__ = [
     "explain",
     "pe",
     "pejit",
+    "register_fold_rule",
     "specialize_jaxpr",
 ]
