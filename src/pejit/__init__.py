@@ -4,6 +4,8 @@ Arguments marked constant are folded at specialization time; the compiled
 program keeps only the work that depends on the dynamic arguments.
 """
 
+from ._api import pe as pe
+from ._api import pejit as pejit
 from ._auto import AutoCacheInfo as AutoCacheInfo
 from ._auto import AutoPejitted as AutoPejitted
 from ._auto import AutoReport as AutoReport
@@ -18,8 +20,6 @@ from ._folding import FoldOptions as FoldOptions
 from ._folding import register_fold_rule as register_fold_rule
 from ._jit import BoundPejitted as BoundPejitted
 from ._jit import Pejitted as Pejitted
-from ._jit import pe as pe
-from ._jit import pejit as pejit
 from ._report import FoldReport as FoldReport
 from ._specialize import Residual as Residual
 from ._specialize import specialize_jaxpr as specialize_jaxpr

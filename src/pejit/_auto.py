@@ -42,6 +42,7 @@ from jax.extend.core import primitives as P
 
 from . import _argnums, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
+from ._explain import explain
 from ._flops import eqn_flops
 from ._jit import Pejitted
 from ._keys import _immutable
@@ -400,10 +401,11 @@ class AutoPejitted:
 
     def explain(self, *args, **kwargs) -> AutoReport:
         """As `report`, with the fold's `before` program (see [`explain`][pejit.explain])."""
-        from ._explain import explain
-
         special = self._route(args, kwargs)
         return AutoReport(self.decisions(), None if special is None else explain(special, *args, **kwargs))
+
+    # ``pejit.explain(auto_fun, ...)`` asks here (``_explain`` does not import this module).
+    __pejit_explain__ = explain
 
     # -- jax.jit's staged API: the generic program's ------------------------
     def lower(self, *args, **kwargs):
