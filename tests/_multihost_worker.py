@@ -119,7 +119,7 @@ def run_cases() -> dict:
         out[name] = {
             "value": np.asarray(multihost_utils.process_allgather(value, tiled=True)).tolist(),
             "residual": str(spec.program.jaxpr),
-            "keys": repr(list(f._programs.entries)),
+            "keys": repr(list(f._caches.programs.entries)),
             "consts": [
                 {"shape": list(c.shape), "spec": list(getattr(c.sharding, "spec", [repr(c.sharding)])),
                  "fraction": _fraction_held(c)}

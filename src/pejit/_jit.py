@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from . import _argnums, _compat, _errors
-from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
+from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, Caches
 from ._errors import FoldingSkippedWarning, PejitWarning  # noqa: F401  (re-exported)
 from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
@@ -118,9 +118,7 @@ class Pejitted:
         self._fixed_names = const[1] | static[1]
         self._donate_nums, self._donate_names = donate
         self._jit_kwargs = jit_kwargs
-        self._cache = SpecializationCache(cache_size)
-        # structure key -> Program or PerValue
-        self._programs = SpecializationCache(cache_size)
+        self._caches = Caches(cache_size)
         self._layouts: dict[int, Layout] = {}
         self._dispatch = _compat.api_boundary(lambda *args, **kwargs: self._route(args, kwargs))
         self._lock = threading.RLock()
@@ -146,13 +144,11 @@ class Pejitted:
           >>> f.cache_info()
           CacheInfo(hits=1, misses=1, maxsize=128, currsize=1)
         """
-        return self._cache.info()
+        return self._caches.info()
 
     def cache_clear(self) -> None:
         """Drop every specialization and compiled program, and reset the statistics."""
-        with self._lock:
-            self._cache.clear()
-            self._programs.clear()
+        self._caches.clear()
 
     # -- calling ----------------------------------------------------------
     # A call is one generated function, the dispatcher of the first layout
@@ -191,7 +187,7 @@ class Pejitted:
             fixed = self._fixed_positions(n)
             const = tuple(i for i in range(n) if i in fixed)
             dyn = tuple(i for i in range(n) if i not in fixed)
-            dispatch = dispatcher(n, const, dyn, self._cache, self._route, self._uncached)
+            dispatch = dispatcher(n, const, dyn, self._caches.fast_path(), self._route, self._uncached)
             layout = Layout(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
             with self._lock:
                 self._layouts[n] = layout
@@ -229,22 +225,17 @@ class Pejitted:
     def _specialization(self, args: tuple, kwargs: dict):
         layout = self._layout(len(args))
         key = self._key(args, kwargs, layout)
-        cache = self._cache
-        spec = cache.get(key)
-        if spec is None:
-            with self._lock:  # one trace and one fold per key, however many threads ask
-                spec = cache.get(key)
-                if spec is None:
-                    cache.misses += 1
-                    const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
-                    with _compat.at_top_level():
-                        spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
-                    const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
-                    cache.put(key, spec, watch=watched(const_leaves))
-                    _errors.check_constants(self._name, const_leaves, self._hints_given)
-                    _errors.check_folded(self._name, spec, const_leaves, self._hints_given)
-                    return spec, dyn_args, dyn_kwargs
-        cache.hits += 1
+
+        def build():
+            const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
+            with _compat.at_top_level():
+                spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
+            const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
+            _errors.check_constants(self._name, const_leaves, self._hints_given)
+            _errors.check_folded(self._name, spec, const_leaves, self._hints_given)
+            return spec, watched(const_leaves)
+
+        spec = self._caches.specialization(key, build)
         fixed = self._fixed_names
         return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 
@@ -265,11 +256,12 @@ class Pejitted:
         if self._one_value:
             return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, None)
         arrays = [leaf for leaf in const_leaves if is_array(leaf)]
-        program = self._programs.get(skey)
+        programs = self._caches.programs
+        program = programs.get(skey)
         if program is None:
             start = time.perf_counter()
             program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
-            self._programs.put(skey, program)
+            programs.put(skey, program)
             if not isinstance(program, PerValue):
                 return Specialization(program, consts, time.perf_counter() - start)
         if isinstance(program, PerValue):
