@@ -10,7 +10,7 @@ from jax import lax
 
 from pejit import pejit
 
-from ._util import Counter, primitive_names
+from ._util import JAX_VERSION, Counter, primitive_names
 
 
 def spd(seed, n=8):
@@ -142,6 +142,9 @@ def test_new_values_reuse_one_trace(name):
 def test_abstract_residual_is_the_concrete_one(name):
     # The residual traced with abstract constants has the structure of the
     # one a concrete trace gives (folded scalars aside: those are literals).
+    if name.startswith("custom") and JAX_VERSION < (0, 9):
+        pytest.skip("JAX < 0.9 stages custom_jvp/custom_vjp calls on known inputs instead of folding them "
+                    "whole when constants are concrete (same results, other residual)")
     fun, make, _ = CASES[name]
     c, x = make(0), jnp.arange(8.0) - 1.0
     abstract = pejit(fun, constant_argnums=0).specialize(c, x)

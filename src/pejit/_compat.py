@@ -153,6 +153,7 @@ _REQUIRED = [
     (core, "eval_jaxpr", "replaying a jaxpr under the folding trace"),
     (core, "typeof", "abstract values"),
     (core, "Primitive", "binding primitives"),
+    (core, "new_jaxpr_eqn", "building residual equations"),
     (_pe, "DynamicJaxprTrace", "the folding trace's base class"),
     (_pe, "DynamicJaxprTracer", "the folding trace's tracers"),
     (_pe, "convert_constvars_jaxpr", "opening a closed jaxpr"),
@@ -240,6 +241,8 @@ typeof = core.typeof
 dce_jaxpr = _public_pe.dce_jaxpr
 partial_eval_jaxpr_nounits_fwd = _pe.partial_eval_jaxpr_nounits_fwd
 move_binders_to_back = _pe.move_binders_to_back
+# public as jax.extend.core.new_jaxpr_eqn from JAX 0.8 only
+new_jaxpr_eqn = core.new_jaxpr_eqn
 
 # JAX < 0.11.1 pairs constvars with consts explicitly; later, attached values
 # make leading inputs constants (``Jaxpr.with_consts``).

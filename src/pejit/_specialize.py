@@ -328,7 +328,7 @@ def _splat(var, value):
         np.zeros((), var.aval.dtype)
     ).eqns[0]
     literal = _compat.Literal(np.asarray(value, var.aval.dtype)[()], scalar)
-    return jax.extend.core.new_jaxpr_eqn([literal], [var], template.primitive, template.params, set())
+    return _compat.new_jaxpr_eqn([literal], [var], template.primitive, template.params, set())
 
 
 def _to_device(c):
