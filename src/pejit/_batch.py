@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _compat
+from . import _abstract, _compat
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -189,23 +189,19 @@ def run_batch(segments: Sequence[Segment], env: dict, outputs: Sequence[Any]) ->
                 _release(env, uses, keep, [a for r in seg.recipes for a in r.args])
             else:
                 for r in seg.recipes:
-                    # ``evaluate`` binds on the outer trace when the inputs
-                    # are its tracers (a folding program being built).
-                    outs = _compat.evaluate(r.prim, [env[a] if _is_var(a) else a for a in r.args], r.params)
+                    outs = _abstract.evaluate(r.prim, [env[a] if _is_var(a) else a for a in r.args], r.params)
                     env.update(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     _release(env, uses, keep, r.args)
     return [env[v] for v in outputs]
 
 
-def is_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
-    """Whether the batch reads tracers of an outer trace (abstract constants).
+def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
+    """Whether the batch reads abstract constants (see :mod:`pejit._abstract`).
 
-    Then evaluating it stages it into that trace's program (see
-    ``pejit._jit``), which is compiled as a whole: the batch runs eagerly.
+    Then evaluating it stages it into the outer program, which is compiled
+    as a whole: the batch runs eagerly.
     """
-    return any(
-        isinstance(env.get(a) if _is_var(a) else a, _compat.Tracer) for r in recipes for a in r.args
-    )
+    return _abstract.any_abstract(env.get(a) if _is_var(a) else a for r in recipes for a in r.args)
 
 
 def _release(env, uses, keep, args):

@@ -63,7 +63,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -85,6 +85,9 @@ try:  # jax.checkpoint's primitive (public since JAX 0.8)
     from jax.extend.core.primitives import remat_p
 except ImportError:
     from jax._src.ad_checkpoint import remat_p
+
+if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
+    from ._folding import FoldPolicy
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
@@ -153,20 +156,40 @@ else:
         return prim.bind_with_trace(trace, args, params)
 
 
-def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-    """Bind ``prim`` on known ``args``: eagerly, or on the trace they come from.
+def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
+    """Bind ``prim`` on known ``args``: eagerly, or on ``trace``.
 
-    Known values are concrete, except when pejit builds a value-independent
-    folding program: then the constants are tracers of that program's (outer)
-    ``jax.jit`` trace, and folding an equation stages it there.
+    ``trace`` is the outer trace of abstract constants (see
+    :mod:`pejit._abstract`), which then stages ``prim`` into its program.
 
     Our trace may turn on ``eager_constant_folding``; it must not leak into
     the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
     has no eager rule in JAX 0.7).
     """
-    outer = next((x._trace for x in args if isinstance(x, core.Tracer)), core.eval_trace)
     with _config.eager_constant_folding(False):
-        return _bind(prim, outer, tuple(args), params)
+        return _bind(prim, core.eval_trace if trace is None else trace, tuple(args), params)
+
+
+def trace_of(x: core.Tracer):
+    """The trace ``x`` belongs to."""
+    return x._trace
+
+
+def policy_of(x: Any):
+    """The folding policy of the :class:`StagingTrace` that made ``x``, else None."""
+    return getattr(x._trace, "policy", None) if isinstance(x, core.Tracer) else None
+
+
+def known_const(trace, x: Any):
+    """The constant a tracer of ``trace`` merely holds, else None."""
+    if isinstance(x, core.Tracer) and getattr(x, "_trace", None) is trace:
+        return trace.get_const(x)
+    return None
+
+
+def staged_const(trace, x: core.Tracer):
+    """The constant the staged output ``x`` holds (JAX forwarded or folded it), else None."""
+    return trace.get_const(x)
 
 
 def at_top_level():
@@ -230,7 +253,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     inputs concrete values when all are known (materializing deferred ones).
     """
 
-    def __init__(self, debug_info, parent_trace, policy):
+    def __init__(self, debug_info, parent_trace, policy: FoldPolicy):
         super().__init__(debug_info, parent_trace=parent_trace)
         self.policy = policy
 
@@ -286,7 +309,7 @@ def _canonical(args):
 def trace_staging(
     fun: Callable[..., Sequence[Any]],
     in_avals: Sequence[Any],
-    policy: Callable,
+    policy: FoldPolicy,
     name: str = "pejit",
     eager_bodies: bool = False,
 ) -> tuple[Jaxpr, list[Any]]:

@@ -30,26 +30,62 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
+from jax.extend.core import Primitive
 from jax.extend.core import primitives as P
 
-from . import _batch, _compat
+from . import _abstract, _batch, _compat
 from ._batch import nbytes
 
-#: A fold rule: ``rule(folder, trace, prim, args, params)`` returns the
-#: outputs of ``prim`` or ``NotImplemented`` to defer to the default policy.
-FoldRule = Callable[..., Any]
-fold_rules: dict[Any, FoldRule] = {}
+class FoldPolicy(Protocol):
+    """What :class:`~pejit._compat.StagingTrace` asks of its policy.
+
+    :class:`Folder` is the policy pejit folds with; ``explain`` uses one that
+    folds nothing.
+    """
+
+    def __call__(self, trace: _compat.StagingTrace, prim: Primitive, args: Sequence[Any], params: dict) -> Any:
+        """A primitive application: its outputs, or ``NotImplemented`` to stage it."""
+
+    def call_inputs(self, trace: _compat.StagingTrace, args: Sequence[Any]) -> list[Any]:
+        """The inputs a ``custom_jvp``/``custom_vjp`` call sees: concrete
+        values (then JAX folds the call) or ``args`` as they are."""
+
+    def concrete_value(self, tracer: Any) -> Any:
+        """The value Python asks of a staged ``tracer`` (``bool``,
+        ``np.asarray``), or None if it has none."""
+
+    def finalize(self, jaxpr: Any, consts: list[Any]) -> tuple[Any, list[Any]]:
+        """The traced ``jaxpr`` and its ``consts``, with the known values it
+        uses turned into constants: what the trace returns."""
+
+
+class FoldRule(Protocol):
+    """A fold rule (as JAX types its ``ConstFoldRule``).
+
+    Called for every application of the primitives it is registered for,
+    with the known arguments materialized (concrete values) unless it was
+    registered with ``deferred=True``. Returns the outputs of ``prim``
+    (values, tracers staged on ``trace``, or a mix), or ``NotImplemented``
+    to leave the equation to :meth:`Folder.default`.
+    """
+
+    def __call__(
+        self, folder: Folder, trace: _compat.StagingTrace, prim: Primitive, args: Sequence[Any], params: dict
+    ) -> Any: ...
+
+
+fold_rules: dict[Primitive, FoldRule] = {}
 
 
 #: Primitives whose rule takes deferred known values as they come (tracers);
 #: every other rule sees them materialized, as concrete values.
-deferred_ok: set[Any] = set()
+deferred_ok: set[Primitive] = set()
 
 
-def register_fold_rule(*prims, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
+def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
     """Register ``rule`` for each primitive in ``prims``.
 
     Known values whose folding is deferred (see :class:`Folder`) are
@@ -178,7 +214,7 @@ class FoldStats:
 
 
 class Folder:
-    """The folding policy of one trace, and its bookkeeping.
+    """The folding policy of one trace (a :class:`FoldPolicy`), and its bookkeeping.
 
     Called by :class:`~pejit._compat.StagingTrace` for every primitive
     application; returns the outputs, or ``NotImplemented`` to stage.
@@ -243,7 +279,7 @@ class Folder:
         if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch.
-            return _compat.evaluate(prim, args, params)
+            return _abstract.evaluate(prim, args, params)
         return self._record(trace, prim, args, params, lazy=False)
 
     def call_inputs(self, trace, args) -> list:
@@ -258,14 +294,12 @@ class Folder:
 
     # -- known values -----------------------------------------------------
     def is_known(self, x) -> bool:
-        """Whether ``x`` is known: concrete, or a recipe of this folder.
+        """Whether ``x`` is known: a recipe of this folder, or not staged by it.
 
-        Tracers of an *outer* trace count as known too: they are the abstract
-        constants of a folding program being compiled (see ``_jit``), and
-        evaluating a recipe on them stages it into that program.
+        What this folder did not stage is concrete, or an abstract constant
+        (a tracer of an outer trace, see :mod:`pejit._abstract`).
         """
-        staged = isinstance(x, _compat.Tracer) and getattr(x._trace, "policy", None) is self
-        return not staged or self._var(x) is not None
+        return _compat.policy_of(x) is not self or self._var(x) is not None
 
     def is_lazy(self, x) -> bool:
         """Whether ``x`` is a cheap expansion that stays in the residual program."""
@@ -284,8 +318,8 @@ class Folder:
         if not self.is_known(tracer):
             return None
         value = self.materialize(tracer)
-        # An abstract constant (a tracer of an outer trace) has no value yet.
-        return None if isinstance(value, _compat.Tracer) else value
+        # An abstract constant has no value yet.
+        return None if _abstract.is_abstract(value) else value
 
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """Turn the known values the residual ``jaxpr`` uses into constants.
@@ -337,11 +371,8 @@ class Folder:
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
-        if isinstance(x, _compat.Tracer) and getattr(x, "_trace", None) is trace:
-            const = trace.get_const(x)
-            if const is not None:
-                return const
-        return x
+        const = _compat.known_const(trace, x)
+        return x if const is None else const
 
     # -- deferred evaluation ---------------------------------------------
     def _record(self, trace, prim, args, params, *, lazy: bool):
@@ -354,7 +385,7 @@ class Folder:
         # JAX's staging may forward an input or fold a literal instead of
         # emitting an equation; such outputs already know their value.
         outvars = tuple(
-            o.val if trace.get_const(o) is None and self._var(o) is None else None
+            o.val if _compat.staged_const(trace, o) is None and self._var(o) is None else None
             for o in out_list
         )
         if any(v is not None for v in outvars):
@@ -378,7 +409,7 @@ class Folder:
                 [v for v in targets if v in produced]
                 + [v for v in produced if self._uses[v] > inside[v]]
             ))
-            backend = "eager" if _batch.is_abstract(batch, self._materialized) else self.options.backend
+            backend = "eager" if _batch.reads_abstract(batch, self._materialized) else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
             values = _batch.run_batch(plan, self._materialized, outputs)
             self._materialized.update(zip(outputs, values))

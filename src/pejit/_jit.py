@@ -60,10 +60,6 @@ class FoldingSkippedWarning(PejitWarning):
     """
 
 
-class _Abandoned(Exception):
-    """An abstract trace that cannot succeed; the constants will be concrete."""
-
-
 class _KW:
     """Tags the keyword part of a cache key."""
 
@@ -336,17 +332,7 @@ class Pejitted:
             it = iter(array_leaves)
             leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
             flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
-            tries = []
-
-            def once(*dyn_leaves):
-                # ``fold`` retries a trace that needed a concrete value with
-                # JAX's eager folding in loop bodies: no help for abstract constants.
-                if tries:
-                    raise _Abandoned
-                tries.append(True)
-                return flat_fun(*dyn_leaves)
-
-            residual = fold(once, avals, self._options, name=self._name)
+            residual = fold(flat_fun, avals, self._options, name=self._name, retry_eager_bodies=False)
             traced["jaxpr"] = residual.jaxpr.jaxpr
             traced["report"] = dataclasses.replace(residual.report, after=None)
             return self._place(residual.consts, jax.lax.with_sharding_constraint)
@@ -354,8 +340,6 @@ class Pejitted:
         try:
             program = FoldingProgram(jax.jit(folding_program).trace(*arrays))
         except Exception as e:  # the trace needed a constant's value
-            if isinstance(e, _Abandoned):  # raised while handling the first failure
-                e = e.__context__ or e
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
         if has_control_flow(traced["jaxpr"]):

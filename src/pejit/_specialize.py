@@ -17,6 +17,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from . import _compat, _loops, _rules  # noqa: F401  (register the fold rules)
+from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._report import FoldReport
 
@@ -69,13 +70,21 @@ def fold(
     *,
     name: str = "pejit",
     before: ClosedJaxpr | None = None,
+    retry_eager_bodies: bool = True,
 ) -> Residual:
-    """Trace ``fun`` (flat arrays in, flat list out), folding known work."""
+    """Trace ``fun`` (flat arrays in, flat list out), folding known work.
+
+    A trace that fails because Python needed a concrete value inside a loop
+    body or branch is retried with JAX folding eagerly inside bodies, unless
+    ``retry_eager_bodies`` is off (no help when the constants are abstract).
+    """
     start = time.perf_counter()
     try:
         folder = Folder(options)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
+        if not retry_eager_bodies:
+            raise
         # Python needed a concrete value inside a loop body or branch, which
         # pejit traces abstractly (so that effects there stay); let JAX fold
         # eagerly inside bodies instead. A genuinely dynamic value fails again.
@@ -165,9 +174,8 @@ def _inline_scalars(jaxpr, consts):
     literals = {}
     for var, c in zip(jaxpr.constvars, consts):
         scalar = np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended)
-        # A tracer is a folded value of a folding program being built (see
-        # ``_jit``): its value differs per specialization, so it stays an input.
-        if scalar and var not in outputs and not isinstance(c, _compat.Tracer):
+        # An abstract constant differs per specialization: it stays an input.
+        if scalar and var not in outputs and not is_abstract(c):
             literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
     if not literals:
         return jaxpr, consts
