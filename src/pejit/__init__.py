@@ -8,6 +8,7 @@ from ._cache import DEFAULT_CACHE_SIZE as DEFAULT_CACHE_SIZE
 from ._cache import CacheInfo as CacheInfo
 from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
+from ._folding import register_fold_rule as register_fold_rule
 from ._jit import BoundPejitted as BoundPejitted
 from ._jit import FoldingSkippedWarning as FoldingSkippedWarning
 from ._jit import Pejitted as Pejitted
@@ -33,5 +34,6 @@ __all__ = [
     "explain",
     "pe",
     "pejit",
+    "register_fold_rule",
     "specialize_jaxpr",
 ]

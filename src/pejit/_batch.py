@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 from . import _abstract, _compat
+from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -151,22 +152,12 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     return segments
 
 
-#: Primitives XLA fuses into one loop at a profit. Transcendentals that
-#: XLA:CPU evaluates faster as standalone kernels are left out (see
-#: :func:`plan_batch`).
-_NOT_FUSED = frozenset(["sin", "cos", "tan"])
-#: Call-like primitives: fusible when everything they call is.
-_CALLS = frozenset(["jit", "pjit", "closed_call"])
-
-
 def _fusible(prim, params) -> bool:
-    from ._folding import ELEMENTWISE, EXPANSIONS  # the folding policy's tables
-
-    if prim.name in _CALLS:
+    if prim.name in CALLS:
         jaxpr = params.get("jaxpr") or params.get("call_jaxpr")
         inner = getattr(jaxpr, "jaxpr", jaxpr)
         return inner is not None and all(_fusible(e.primitive, e.params) for e in inner.eqns)
-    return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in _NOT_FUSED
+    return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in NOT_FUSED
 
 
 def run_batch(segments: Sequence[Segment], env: dict, outputs: Sequence[Any]) -> list[Any]:

@@ -257,6 +257,10 @@ class StagingTrace(_pe.DynamicJaxprTrace):
         super().__init__(debug_info, parent_trace=parent_trace)
         self.policy = policy
 
+    def as_current(self):
+        """Context in which JAX operations go through this trace (and its policy)."""
+        return core.set_current_trace(self)
+
     def process_primitive(self, prim, tracers, params):
         out = self.policy(self, prim, tracers, params)
         if out is NotImplemented:

@@ -18,7 +18,7 @@ from typing import Any
 from jax.extend.core import primitives as P
 
 from . import _compat
-from ._folding import ELEMENTWISE
+from ._primitives import ELEMENTWISE
 
 #: ``rule(eqn) -> float``: estimated FLOPs of one equation.
 FlopRule = Callable[[Any], float]

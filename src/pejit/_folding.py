@@ -34,10 +34,10 @@ from typing import Any, Protocol
 
 import jax
 from jax.extend.core import Primitive
-from jax.extend.core import primitives as P
 
 from . import _abstract, _batch, _compat
 from ._batch import nbytes
+from ._primitives import ELEMENTWISE, EXPANSIONS
 
 class FoldPolicy(Protocol):
     """What :class:`~pejit._compat.StagingTrace` asks of its policy.
@@ -86,11 +86,44 @@ deferred_ok: set[Primitive] = set()
 
 
 def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
-    """Register ``rule`` for each primitive in ``prims``.
+    """Register a fold rule (a :class:`FoldRule`) for each primitive in ``prims``.
+
+    The folding trace calls the rule for every application of those
+    primitives; the rule returns the outputs, or ``NotImplemented`` to leave
+    the equation to the default policy (fold it if all inputs are known,
+    else stage it). Inside ``with trace.as_current():`` the rule's JAX code
+    goes through the folding trace: what depends only on known values is
+    folded, the rest is staged into the residual program. ``folder`` answers
+    :meth:`Folder.is_known`, counts in ``folder.stats`` and reads
+    ``folder.options``.
 
     Known values whose folding is deferred (see :class:`Folder`) are
     materialized before the rule runs, unless ``deferred`` says the rule
-    handles them itself, through :meth:`Folder.is_known`.
+    handles them itself, through :meth:`Folder.is_known`. A primitive has
+    one rule: registering again replaces it.
+
+    Examples:
+      A primitive of your own, ``solve(A, b)``, has no lowering; with ``A``
+      constant, its rule folds the inverse and leaves one product:
+
+      >>> import jax, jax.numpy as jnp
+      >>> from jax.extend.core import Primitive
+      >>> from pejit import pejit, register_fold_rule
+      >>> solve_p = Primitive("doc_solve")
+      >>> _ = solve_p.def_impl(jnp.linalg.solve)
+      >>> _ = solve_p.def_abstract_eval(lambda A, b: jax.core.ShapedArray(b.shape, b.dtype))
+      >>> @register_fold_rule(solve_p)
+      ... def fold_solve(folder, trace, prim, args, params):
+      ...     A, b = args
+      ...     if not folder.is_known(A) or folder.is_known(b):
+      ...         return NotImplemented
+      ...     with trace.as_current():
+      ...         return jnp.linalg.inv(A) @ b
+      >>> f = pejit(solve_p.bind, constant_argnums=0)
+      >>> f(2 * jnp.eye(2), jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> dict(f.report(2 * jnp.eye(2), jnp.ones(2)).residual)
+      {'dot_general': 1}
     """
 
     def register(rule: FoldRule) -> FoldRule:
@@ -109,7 +142,7 @@ class FoldOptions:
 
     Turn one off to debug a suspected miscompilation: the result must not
     change, only how much is folded. The passes are described together in
-    :mod:`pejit._rules`.
+    :mod:`pejit.rules`.
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
@@ -157,42 +190,6 @@ class FoldOptions:
     def __post_init__(self):
         if self.backend not in _batch.BACKENDS:
             raise ValueError(f"FoldOptions: backend must be one of {_batch.BACKENDS}, got {self.backend!r}")
-
-
-#: Primitives that only move, replicate or create data cheaply: folding them
-#: can blow a small known value up into a large constant.
-EXPANSIONS = frozenset(
-    [
-        P.broadcast_in_dim_p,
-        P.iota_p,
-        P.reshape_p,
-        P.squeeze_p,
-        P.transpose_p,
-        P.convert_element_type_p,
-        P.concatenate_p,
-        P.pad_p,
-        P.rev_p,
-        P.select_n_p,
-        P.copy_p,
-    ]
-)
-
-#: Elementwise primitives: on a lazy input they stay lazy, since recomputing
-#: them in the residual program costs about as much as reading a folded
-#: constant of the same size.
-ELEMENTWISE = frozenset(
-    [
-        P.abs_p, P.acos_p, P.acosh_p, P.add_p, P.and_p, P.asin_p, P.asinh_p,
-        P.atan2_p, P.atan_p, P.atanh_p, P.cbrt_p, P.ceil_p, P.clamp_p,
-        P.complex_p, P.conj_p, P.cos_p, P.cosh_p, P.div_p, P.eq_p, P.exp2_p,
-        P.exp_p, P.expm1_p, P.floor_p, P.ge_p, P.gt_p, P.imag_p,
-        P.integer_pow_p, P.is_finite_p, P.le_p, P.log1p_p, P.log_p,
-        P.logistic_p, P.lt_p, P.max_p, P.min_p, P.mul_p, P.ne_p, P.neg_p,
-        P.not_p, P.or_p, P.pow_p, P.real_p, P.rem_p, P.round_p, P.rsqrt_p,
-        P.sign_p, P.sin_p, P.sinh_p, P.sqrt_p, P.square_p, P.sub_p, P.tan_p,
-        P.tanh_p, P.xor_p,
-    ]
-)
 
 
 #: Known results up to this size, on concrete inputs, are computed at once

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from . import _compat, _loops, _rules  # noqa: F401  (register the fold rules)
+from . import _compat, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._report import FoldReport

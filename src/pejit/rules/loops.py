@@ -1,8 +1,4 @@
-"""Fold rules for loops, and hoisting known work out of any sub-jaxpr.
-
-:func:`hoist` replays a body (loop body, branch, checkpointed function)
-under a nested folding trace; the loop rules below and the ``cond`` and
-``checkpoint`` rules of :mod:`pejit._rules` build on it.
+"""Fold rules for loops: ``scan`` and ``while_loop`` (hence ``fori_loop``).
 
 A loop whose inputs are all known is folded whole by the default policy. A
 loop with some unknown inputs stays in the residual program, after two
@@ -38,67 +34,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from jax.extend.core import ClosedJaxpr
-from jax.extend.core import primitives as P
 
-from . import _compat
-from ._folding import Folder, nbytes, register_fold_rule, replay
-
-
-#: Stands for an input of a body that is never known (a carry, a scanned input).
-DYNAMIC = object()
+from .. import _compat
+from .._folding import Folder, nbytes
+from ._hoist import hoist_consts
 
 
-def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False):
-    """Fold the work of ``body`` that depends only on its concrete ``args``.
-
-    ``args`` are ``body``'s inputs: concrete values, tracers or ``DYNAMIC``;
-    its literals and closed-over constants are known too. Returns the new
-    body and its arguments: the folded values it still needs, then the
-    non-concrete ``args`` in order. Returns ``None`` when nothing could be
-    folded (unless ``force``).
-    """
-    concrete = [not isinstance(a, _compat.Tracer) and a is not DYNAMIC for a in args]
-    unknown_avals = [aval for aval, k in zip(body.in_avals, concrete) if not k]
-
-    def interpret(*unknown):
-        it = iter(unknown)
-        return replay(_compat.core_trace(), body, [a if k else next(it) for a, k in zip(args, concrete)])
-
-    stats = folder.stats
-    before = (Counter(stats.folded), stats.eliminated_branches)
-    jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="body")
-    jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
-    if not force and not any(concrete) and before == (stats.folded, stats.eliminated_branches):
-        return None  # nothing known inside: keep the body as it was
-    new_out = [v.aval for v in jaxpr.outvars]
-    if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
-        return None  # defensive: replaying must not change the body's type
-    stats.hoisted.update(stats.folded - before[0])
-    new_body = ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
-    return new_body, [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
-
-
-def _hoist(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False):
-    """:func:`hoist` for a body whose leading inputs are ``consts``, the rest dynamic.
-
-    Returns the new body and its new leading constants, or ``None``.
-    """
-    n_rest = len(body.in_avals) - len(consts)
-    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force)
-    if hoisted is None:
-        return None
-    new_body, new_args = hoisted
-    return new_body, new_args[: len(new_args) - n_rest]
-
-
-@register_fold_rule(P.scan_p)
-def _scan(folder: Folder, trace, prim, args, params):
+def fold_scan(folder: Folder, trace, prim, args, params):
     """Hoist known work out of a ``scan`` with some unknown inputs."""
     if not folder.options.loops or all(folder.is_known(a) for a in args):
         return NotImplemented
     n_consts = params["num_consts"]
     consts, rest = args[:n_consts], args[n_consts:]
-    hoisted = _hoist(folder, params["jaxpr"], consts)
+    hoisted = hoist_consts(folder, params["jaxpr"], consts)
     n_known = 0
     if hoisted is not None:
         body, new_consts = hoisted
@@ -170,8 +118,7 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     return _merge(out_uk, known_outs, unknown_outs)
 
 
-@register_fold_rule(P.while_p)
-def _while(folder: Folder, trace, prim, args, params):
+def fold_while(folder: Folder, trace, prim, args, params):
     """Hoist known work out of a ``while_loop``; fold its known carries."""
     if not folder.options.loops or all(folder.is_known(a) for a in args):
         return NotImplemented
@@ -179,11 +126,11 @@ def _while(folder: Folder, trace, prim, args, params):
     cconsts, bconsts, init = args[:cn], args[cn : cn + bn], args[cn + bn :]
     cond, body = params["cond_jaxpr"], params["body_jaxpr"]
     n_known_c = n_known_b = 0
-    if (hoisted := _hoist(folder, cond, cconsts)) is not None:
+    if (hoisted := hoist_consts(folder, cond, cconsts)) is not None:
         cond, new = hoisted
         n_known_c = len(new) - sum(isinstance(c, _compat.Tracer) for c in cconsts)
         cconsts = new
-    if (hoisted := _hoist(folder, body, bconsts)) is not None:
+    if (hoisted := hoist_consts(folder, body, bconsts)) is not None:
         body, new = hoisted
         n_known_b = len(new) - sum(isinstance(c, _compat.Tracer) for c in bconsts)
         bconsts = new
@@ -239,36 +186,6 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
         cond_jaxpr=ck, body_jaxpr=bk, cond_nconsts=n_known_c, body_nconsts=n_known_b
     )
     return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
-
-
-def hoist_branches(folder: Folder, trace, prim, index, operands, params):
-    """Hoist known work out of the branches of a ``cond`` with unknown index.
-
-    Each branch is replayed with the concrete operands known; what each one
-    folds becomes extra operands, which the other branches ignore.
-    """
-    if not any(not isinstance(o, _compat.Tracer) for o in operands):
-        return NotImplemented
-    hoisted = [_hoist(folder, b, operands, force=True) for b in params["branches"]]
-    if any(h is None for h in hoisted):
-        return NotImplemented
-    dynamic = [o for o in operands if isinstance(o, _compat.Tracer)]
-    n_dyn = len(dynamic)
-    consts = [new[: len(new) - n_dyn] for _, new in hoisted]
-    branches = []
-    for i, (body, _) in enumerate(hoisted):
-        jaxpr = body.jaxpr
-        own, rest = jaxpr.invars[: len(consts[i])], jaxpr.invars[len(consts[i]) :]
-        invars = []
-        for j, cs in enumerate(consts):  # unused binders for the other branches' values
-            invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
-        invars = [*invars, *rest]
-        # Unnamed binders (JAX 0.7 needs a tuple here, not None).
-        dbg = jaxpr.debug_info._replace(arg_names=("",) * len(invars)) if jaxpr.debug_info else None
-        branches.append(ClosedJaxpr(jaxpr.replace(invars=invars, debug_info=dbg), ()))
-    args = [index, *(c for cs in consts for c in cs), *dynamic]
-    folder.stats.staged[prim.name] += 1
-    return trace.stage(prim, args, dict(params, branches=tuple(branches)))
 
 
 def _linear(params: dict, n: int) -> dict:

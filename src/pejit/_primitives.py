@@ -1,0 +1,53 @@
+"""Tables of primitives by kind, shared by the folding policy and its back end.
+
+:class:`~pejit._folding.Folder` keeps cheap expansions lazy;
+:mod:`pejit._batch` fuses them into compiled batches; :mod:`pejit._flops`
+counts elementwise work. Each reads its kinds here.
+"""
+
+from __future__ import annotations
+
+from jax.extend.core import primitives as P
+
+#: Primitives that only move, replicate or create data cheaply: folding them
+#: can blow a small known value up into a large constant.
+EXPANSIONS = frozenset(
+    [
+        P.broadcast_in_dim_p,
+        P.iota_p,
+        P.reshape_p,
+        P.squeeze_p,
+        P.transpose_p,
+        P.convert_element_type_p,
+        P.concatenate_p,
+        P.pad_p,
+        P.rev_p,
+        P.select_n_p,
+        P.copy_p,
+    ]
+)
+
+#: Elementwise primitives: on a lazy input they stay lazy, since recomputing
+#: them in the residual program costs about as much as reading a folded
+#: constant of the same size.
+ELEMENTWISE = frozenset(
+    [
+        P.abs_p, P.acos_p, P.acosh_p, P.add_p, P.and_p, P.asin_p, P.asinh_p,
+        P.atan2_p, P.atan_p, P.atanh_p, P.cbrt_p, P.ceil_p, P.clamp_p,
+        P.complex_p, P.conj_p, P.cos_p, P.cosh_p, P.div_p, P.eq_p, P.exp2_p,
+        P.exp_p, P.expm1_p, P.floor_p, P.ge_p, P.gt_p, P.imag_p,
+        P.integer_pow_p, P.is_finite_p, P.le_p, P.log1p_p, P.log_p,
+        P.logistic_p, P.lt_p, P.max_p, P.min_p, P.mul_p, P.ne_p, P.neg_p,
+        P.not_p, P.or_p, P.pow_p, P.real_p, P.rem_p, P.round_p, P.rsqrt_p,
+        P.sign_p, P.sin_p, P.sinh_p, P.sqrt_p, P.square_p, P.sub_p, P.tan_p,
+        P.tanh_p, P.xor_p,
+    ]
+)
+
+#: Primitives XLA fuses into one loop at a profit, by name: transcendentals
+#: that XLA:CPU evaluates faster as standalone kernels are left out (see
+#: :func:`pejit._batch.plan_batch`).
+NOT_FUSED = frozenset(["sin", "cos", "tan"])
+
+#: Call-like primitives, by name: fusible when everything they call is.
+CALLS = frozenset(["jit", "pjit", "closed_call"])

@@ -1,0 +1,60 @@
+"""Fold rules for branches: ``cond``/``switch``, and hoisting out of them.
+
+A known index selects one branch, replayed inline; with an unknown index,
+the known work in each branch is hoisted out and folded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.extend.core import ClosedJaxpr
+
+from .. import _compat
+from .._folding import Folder, replay
+from ._hoist import hoist_consts
+
+
+def fold_cond(folder: Folder, trace, prim, args, params):
+    """A known index selects one branch: inline it, drop the ``cond``.
+
+    With an unknown index, known work inside the branches is hoisted out.
+    """
+    index, *operands = args
+    if not folder.options.branches:
+        return NotImplemented
+    if not folder.is_known(index):
+        return hoist_branches(folder, trace, prim, index, operands, params)
+    branches = params["branches"]
+    i = int(np.clip(np.asarray(folder.materialize(index)), 0, len(branches) - 1))
+    folder.stats.eliminated_branches += 1
+    return replay(trace, branches[i], operands)
+
+
+def hoist_branches(folder: Folder, trace, prim, index, operands, params):
+    """Hoist known work out of the branches of a ``cond`` with unknown index.
+
+    Each branch is replayed with the concrete operands known; what each one
+    folds becomes extra operands, which the other branches ignore.
+    """
+    if not any(not isinstance(o, _compat.Tracer) for o in operands):
+        return NotImplemented
+    hoisted = [hoist_consts(folder, b, operands, force=True) for b in params["branches"]]
+    if any(h is None for h in hoisted):
+        return NotImplemented
+    dynamic = [o for o in operands if isinstance(o, _compat.Tracer)]
+    n_dyn = len(dynamic)
+    consts = [new[: len(new) - n_dyn] for _, new in hoisted]
+    branches = []
+    for i, (body, _) in enumerate(hoisted):
+        jaxpr = body.jaxpr
+        own, rest = jaxpr.invars[: len(consts[i])], jaxpr.invars[len(consts[i]) :]
+        invars = []
+        for j, cs in enumerate(consts):  # unused binders for the other branches' values
+            invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
+        invars = [*invars, *rest]
+        # Unnamed binders (JAX 0.7 needs a tuple here, not None).
+        dbg = jaxpr.debug_info._replace(arg_names=("",) * len(invars)) if jaxpr.debug_info else None
+        branches.append(ClosedJaxpr(jaxpr.replace(invars=invars, debug_info=dbg), ()))
+    args = [index, *(c for cs in consts for c in cs), *dynamic]
+    folder.stats.staged[prim.name] += 1
+    return trace.stage(prim, args, dict(params, branches=tuple(branches)))
