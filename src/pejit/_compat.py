@@ -187,6 +187,12 @@ def known_const(trace, x: Any):
     return None
 
 
+def unnamed_args(debug_info, n: int):
+    """``debug_info`` (may be None) for a jaxpr with ``n`` unnamed binders
+    (JAX 0.7 needs a tuple of names here, not None)."""
+    return debug_info._replace(arg_names=("",) * n) if debug_info else None
+
+
 def staged_const(trace, x: core.Tracer):
     """The constant the staged output ``x`` holds (JAX forwarded or folded it), else None."""
     return trace.get_const(x)

@@ -52,8 +52,7 @@ def hoist_branches(folder: Folder, trace, prim, index, operands, params):
         for j, cs in enumerate(consts):  # unused binders for the other branches' values
             invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
         invars = [*invars, *rest]
-        # Unnamed binders (JAX 0.7 needs a tuple here, not None).
-        dbg = jaxpr.debug_info._replace(arg_names=("",) * len(invars)) if jaxpr.debug_info else None
+        dbg = _compat.unnamed_args(jaxpr.debug_info, len(invars))
         branches.append(ClosedJaxpr(jaxpr.replace(invars=invars, debug_info=dbg), ()))
     args = [index, *(c for cs in consts for c in cs), *dynamic]
     folder.stats.staged[prim.name] += 1
