@@ -1,8 +1,10 @@
 """The specialization cache: bounds, weak keys, cheap re-specialization, threads,
 and calls under outer transformations."""
 
+import gc
 import threading
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +38,36 @@ def test_cache_info_and_clear_like_functools():
     f.cache_clear()
     assert f.cache_info() == (0, 0, pejit.DEFAULT_CACHE_SIZE, 0)
     np.testing.assert_allclose(f(a, x), affine(a, x), rtol=1e-5)
+
+
+def test_cache_clear_frees_every_cached_program():
+    from pejit import _batch
+
+    def chain(a):  # long enough for the compiled back end to take a batch of it
+        for _ in range(8):
+            a = a * 1.5 + 0.25
+        return a
+
+    f = pj(affine, constant_argnums=0)  # value-independent: a folding program
+    g = pj(  # value-dependent: folded per value, here in compiled batches
+        lambda a, x: (chain(a) if a.sum() > 0 else a) @ x, constant_argnums=0,
+        fold_options=pejit.FoldOptions(backend="compiled"),
+    )
+    a, b, x = spd(0), spd(1), jnp.ones(4)
+    f(a, x), f(b, x), g(spd(2, 16), jnp.ones(16))
+    spec = f.specialize(b, x)
+    assert spec.program.fold.compiled is not None  # the second value compiled it
+    refs = [weakref.ref(spec.consts[0]), weakref.ref(spec.program.fold)]
+    refs += [weakref.ref(p) for p in _batch._programs.values()]
+    del spec
+    assert len(refs) > 2
+    assert (f.cache_info().currsize, len(f._caches.programs)) == (2, 1)
+
+    f.cache_clear()
+    gc.collect()
+    assert (f.cache_info().currsize, len(f._caches.programs), len(_batch._programs)) == (0, 0, 0)
+    assert [r() for r in refs] == [None] * len(refs)
+    np.testing.assert_allclose(f(a, x), affine(a, x), rtol=1e-5)  # and it works again
 
 
 def test_lru_bound_evicts_least_recently_used():

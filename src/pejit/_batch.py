@@ -209,6 +209,11 @@ _programs: dict[Any, Any] = {}
 _MAX_PROGRAMS = 64
 
 
+def clear_programs() -> None:
+    """Forget the compiled batch programs (``cache_clear()`` calls this)."""
+    _programs.clear()
+
+
 def _run_compiled(recipes, env, outputs):
     key, structure, out_refs, inputs = _structure(recipes, env, outputs)
     try:

@@ -1,4 +1,13 @@
-"""The bounded, weakly keyed cache of specializations.
+"""Everything a pejit function caches, and its one owner (:class:`Caches`).
+
+:class:`Caches` owns a function's specializations (by constant value), its
+programs (by structure of the constants), the lock under which one of them
+is built, the hit and miss counters, and ``clear``, which also empties the
+folding back end's compiled batch programs: ``cache_clear()`` frees every
+cached program. The generated dispatchers of ``_dispatch`` read the
+specializations through one :class:`FastPath` view.
+
+The specializations are a bounded, weakly keyed cache.
 
 A specialization is keyed on the identity of its ``jax.Array`` constants (and
 of read-only NumPy constants), so it is useless once such a constant is gone:
@@ -24,8 +33,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
+
+from . import _batch
 
 #: Specializations a function keeps by default (``functools.lru_cache``'s
 #: default size). Each holds folded constants on device, so the bound is
@@ -46,20 +57,45 @@ class CacheInfo(NamedTuple):
     currsize: int
 
 
+class Counts:
+    """Hits and misses of a cache (a hit is counted without a lock)."""
+
+    __slots__ = ("hits", "misses")
+
+    def __init__(self):
+        self.hits = self.misses = 0
+
+
+class FastPath(NamedTuple):
+    """What a generated dispatcher reads of a cache, to serve a hit in one frame.
+
+    ``dead`` non-empty: ``purge()`` first. ``last[0]``: the memo of the most
+    recent hit (see the module docstring). ``get(key)``: the entry, or None,
+    without touching the LRU order; then ``touch(key, value, memo)`` does.
+    ``counts.hits``: bumped by the dispatcher on every hit.
+    """
+
+    dead: list
+    purge: Callable[[], None]
+    get: Callable[[Any], Any]
+    touch: Callable[[Any, Any, tuple], None]
+    last: list
+    counts: Counts
+
+
 class SpecializationCache:
     """An LRU mapping whose entries die with the objects they watch.
 
     ``get`` and ``touch`` are lock-free; ``put``, eviction and ``clear`` take the lock.
     ``maxsize=None`` means unbounded. The hot path of ``Pejitted.__call__``
-    inlines ``get``: it reads ``entries`` and ``dead`` directly.
+    inlines ``get`` through :meth:`fast_path`.
     """
 
     def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE):
         if maxsize is not None and (isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0):
             raise ValueError(f"cache_size must be a non-negative int or None, got {maxsize!r}")
         self.maxsize = maxsize
-        self.hits = 0
-        self.misses = 0
+        self.counts = Counts()
         self.entries: OrderedDict[Any, Any] = OrderedDict()
         self._watchers: dict[Any, list[weakref.ref]] = {}
         self.dead: list[Any] = []
@@ -131,15 +167,65 @@ class SpecializationCache:
             self.entries.clear()
             self._watchers.clear()
             self.dead.clear()
-            self.hits = self.misses = 0
+            self.counts = Counts()
 
     def info(self) -> CacheInfo:
         if self.dead:
             self.purge()
-        return CacheInfo(self.hits, self.misses, self.maxsize, len(self.entries))
+        return CacheInfo(self.counts.hits, self.counts.misses, self.maxsize, len(self.entries))
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def values(self) -> list[Any]:
         return list(self.entries.values())
+
+    def fast_path(self) -> FastPath:
+        return FastPath(self.dead, self.purge, self.entries.get, self.touch, self.last, self.counts)
+
+
+class Caches:
+    """What one pejit function caches, with the lock its entries are built under.
+
+    ``specializations``: by constant values (and dynamic types), counted in
+    :meth:`info`. ``programs``: by structure of the constants (shapes, dtypes,
+    static values), what specializations of one structure share. Both hold at
+    most ``maxsize`` entries.
+    """
+
+    def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE):
+        self.specializations = SpecializationCache(maxsize)
+        self.programs = SpecializationCache(maxsize)
+        # One trace and one fold per key, however many threads ask.
+        self.lock = threading.RLock()
+
+    def specialization(self, key: Any, build: Callable[[], tuple[Any, Iterable[Any]]]) -> Any:
+        """The specialization for ``key``; on a miss, ``build()`` returns it
+        and the objects whose death drops it."""
+        cache = self.specializations
+        value = cache.get(key)
+        if value is None:
+            with self.lock:
+                value = cache.get(key)
+                if value is None:
+                    cache.counts.misses += 1
+                    value, watch = build()
+                    cache.put(key, value, watch=watch)
+                    return value
+        cache.counts.hits += 1
+        return value
+
+    def fast_path(self) -> FastPath:
+        return self.specializations.fast_path()
+
+    def info(self) -> CacheInfo:
+        return self.specializations.info()
+
+    def clear(self) -> None:
+        """Drop every specialization and program, this function's and the
+        compiled batch programs of the folding back end (shared by all), and
+        reset the counters."""
+        with self.lock:
+            self.specializations.clear()
+            self.programs.clear()
+            _batch.clear_programs()

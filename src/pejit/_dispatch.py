@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ._cache import SpecializationCache
+from ._cache import FastPath
 
 
 class Layout(NamedTuple):
@@ -38,7 +38,7 @@ def dispatch(*args, **kwargs):
     memo = last[0]
     try:
         if memo[0] == {n} and {memo_check}:
-            cache.hits += 1
+            counts.hits += 1
             return memo[-1]({dynamic})
         key = ({key})
     except AttributeError:  # a dynamic argument that is not an array
@@ -46,15 +46,15 @@ def dispatch(*args, **kwargs):
     spec = get(key)
     if spec is None:
         return uncached(args, kwargs)
-    cache.hits += 1
+    counts.hits += 1
     touch(key, spec, ({n}, *key, spec.call))
     return spec.call({dynamic})
 """
 
 
-def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: SpecializationCache,
+def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: FastPath,
                 route: Callable, uncached: Callable) -> Callable:
-    """The call with ``n`` positional arguments, through ``cache``.
+    """The call with ``n`` positional arguments, through the ``cache`` view.
 
     A cache hit is served in one straight-line frame: the residual is called
     through a C-level ``functools.partial``, and a call with the same
@@ -77,10 +77,7 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Spec
         n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
         dynamic=", ".join(f"args[{i}]" for i in dyn),
     )
-    namespace = {
-        "dead": cache.dead, "purge": cache.purge, "get": cache.entries.get, "touch": cache.touch,
-        "last": cache.last, "cache": cache, "route": route, "uncached": uncached,
-    }
+    namespace = cache._asdict() | {"route": route, "uncached": uncached}
     exec(source, namespace)  # noqa: S102
     return namespace["dispatch"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from . import _argnums, _compat
-from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, SpecializationCache
+from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, Caches
 from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
 from ._folding import FoldOptions
 from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
@@ -141,9 +141,7 @@ class Pejitted:
         self._fixed_names = const[1] | static[1]
         self._donate_nums, self._donate_names = donate
         self._jit_kwargs = jit_kwargs
-        self._cache = SpecializationCache(cache_size)
-        # structure key -> Program or PerValue
-        self._programs = SpecializationCache(cache_size)
+        self._caches = Caches(cache_size)
         self._layouts: dict[int, Layout] = {}
         self._dispatch = lambda *args, **kwargs: self._route(args, kwargs)
         self._lock = threading.RLock()
@@ -168,13 +166,11 @@ class Pejitted:
           >>> f.cache_info()
           CacheInfo(hits=1, misses=1, maxsize=128, currsize=1)
         """
-        return self._cache.info()
+        return self._caches.info()
 
     def cache_clear(self) -> None:
         """Drop every specialization and compiled program, and reset the statistics."""
-        with self._lock:
-            self._cache.clear()
-            self._programs.clear()
+        self._caches.clear()
 
     # -- calling ----------------------------------------------------------
     # A call is one generated function, the dispatcher of the first layout
@@ -218,7 +214,7 @@ class Pejitted:
             fixed = self._fixed_positions(n)
             const = tuple(i for i in range(n) if i in fixed)
             dyn = tuple(i for i in range(n) if i not in fixed)
-            dispatch = dispatcher(n, const, dyn, self._cache, self._route, self._uncached)
+            dispatch = dispatcher(n, const, dyn, self._caches.fast_path(), self._route, self._uncached)
             layout = Layout(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
             with self._lock:
                 self._layouts[n] = layout
@@ -256,20 +252,15 @@ class Pejitted:
     def _specialization(self, args: tuple, kwargs: dict):
         layout = self._layout(len(args))
         key = self._key(args, kwargs, layout)
-        cache = self._cache
-        spec = cache.get(key)
-        if spec is None:
-            with self._lock:  # one trace and one fold per key, however many threads ask
-                spec = cache.get(key)
-                if spec is None:
-                    cache.misses += 1
-                    const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
-                    with _compat.at_top_level():
-                        spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
-                    const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
-                    cache.put(key, spec, watch=watched(const_leaves))
-                    return spec, dyn_args, dyn_kwargs
-        cache.hits += 1
+
+        def build():
+            const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
+            with _compat.at_top_level():
+                spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
+            const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
+            return spec, watched(const_leaves)
+
+        spec = self._caches.specialization(key, build)
         fixed = self._fixed_names
         return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 
@@ -281,11 +272,12 @@ class Pejitted:
         where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
         skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
         arrays = [leaf for leaf in const_leaves if is_array(leaf)]
-        program = self._programs.get(skey)
+        programs = self._caches.programs
+        program = programs.get(skey)
         if program is None:
             start = time.perf_counter()
             program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
-            self._programs.put(skey, program)
+            programs.put(skey, program)
             if not isinstance(program, PerValue):
                 return Specialization(program, consts, time.perf_counter() - start)
         if isinstance(program, PerValue):
