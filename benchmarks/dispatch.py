@@ -81,7 +81,7 @@ def main():
         pf(*consts, x)
         spec = pf.specialize(*consts, x)
         row(f"{k} jax.Array constants", lambda: pf(*consts, x), lambda: jf(*consts, x),
-            lambda: spec.call(x), spec, pf._cache)
+            lambda: spec.call(x), spec, pf._caches.specializations)
 
     def g(d, x):
         return x + sum(jnp.sin(v).sum() for v in d.values())
@@ -90,7 +90,7 @@ def main():
     pg, jg = pejit(g, constant_argnums=0), jax.jit(g)
     pg(d, x)
     spec = pg.specialize(d, x)
-    row("dict of 8 jax.Array constants", lambda: pg(d, x), lambda: jg(d, x), lambda: spec.call(x), spec, pg._cache)
+    row("dict of 8 jax.Array constants", lambda: pg(d, x), lambda: jg(d, x), lambda: spec.call(x), spec, pg._caches.specializations)
 
     f, nums = positional(8)
     frozen = [np.asarray(a).copy() for a in arrays]
@@ -100,7 +100,7 @@ def main():
     pf(*frozen, x)
     spec = pf.specialize(*frozen, x)
     row("8 read-only NumPy constants", lambda: pf(*frozen, x), lambda: jf(*frozen, x),
-        lambda: spec.call(x), spec, pf._cache)
+        lambda: spec.call(x), spec, pf._caches.specializations)
 
     print("\nwritable NumPy constants are hashed (SHA-1) on every call:")
     f, nums = positional(1)
@@ -110,7 +110,7 @@ def main():
         pf(c, x)
         spec = pf.specialize(c, x)
         row(f"1 writable NumPy constant, {4 * n} B", lambda: pf(c, x), lambda: jf(c, x),
-            lambda: spec.call(x), spec, pf._cache)
+            lambda: spec.call(x), spec, pf._caches.specializations)
 
 
 if __name__ == "__main__":
