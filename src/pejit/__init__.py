@@ -9,12 +9,12 @@ from ._cache import CacheInfo as CacheInfo
 from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
 from ._folding import register_fold_rule as register_fold_rule
-from ._jit import BoundPejitted as BoundPejitted
+from ._api import pe as pe
+from ._api import pejit as pejit
 from ._jit import FoldingSkippedWarning as FoldingSkippedWarning
 from ._jit import Pejitted as Pejitted
 from ._jit import PejitWarning as PejitWarning
-from ._jit import pe as pe
-from ._jit import pejit as pejit
+from ._tfc import BoundPejitted as BoundPejitted
 from ._report import FoldReport as FoldReport
 from ._specialize import Residual as Residual
 from ._specialize import specialize_jaxpr as specialize_jaxpr

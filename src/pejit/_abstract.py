@@ -1,7 +1,7 @@
 """Abstract constants: known values that are tracers of an outer trace.
 
 A known value is normally concrete (an array, a Python scalar). When pejit
-builds a value-independent *folding program* (see ``pejit._specializer``),
+builds a value-independent *folding program* (see :mod:`pejit._specializer`),
 it runs the folding trace inside a ``jax.jit`` trace whose inputs are the
 constant arrays: the known values are then tracers of that outer trace,
 *abstract constants*. Folding an equation on them stages it into the outer

@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad
 
 from ._explain import explain
-from ._jit import pejit
+from ._api import pejit
 
 
 # -- seed 000, part 1: a Chebyshev basis in pure JAX --------------------------

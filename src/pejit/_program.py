@@ -1,7 +1,7 @@
 """What a specialization is made of: residual program, folding program, constants.
 
 Specializations of one *structure* of constants (shapes, dtypes, static
-values; see ``Pejitted._specialize``) share a :class:`Program`: the residual
+values; see :func:`pejit._specializer.specialize`) share a :class:`Program`: the residual
 jaxpr, its runner and its executable, and, when tracing did not depend on
 constant values, the :class:`FoldingProgram` that maps new constant values
 to new folded constants. A :class:`Specialization` adds the folded
@@ -77,7 +77,7 @@ class FoldingProgram:
 
 class PerValue(NamedTuple):
     """Marks a structure whose trace depends on constant values, or whose
-    residual keeps control flow (see ``Pejitted._trace_program``): each value is folded
+    residual keeps control flow (see :func:`pejit._specializer.trace_program`): each value is folded
     by tracing the function again, with concrete constants. ``reason`` goes
     into the report's ``fallbacks``, so that this is never silent."""
 

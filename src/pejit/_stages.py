@@ -18,6 +18,11 @@ class Lowered:
     def compile(self, *args, **kwargs) -> Compiled:
         return Compiled(self._lowered.compile(*args, **kwargs), self._spec, self._split)
 
+    def with_split(self, split: Callable) -> Lowered:
+        """This lowering, whose compiled form maps its call's arguments to the
+        residual program's with ``split(args, kwargs) -> (dyn_args, dyn_kwargs)``."""
+        return Lowered(self._lowered, self._spec, split)
+
     def __getattr__(self, name):
         return getattr(self._lowered, name)
 

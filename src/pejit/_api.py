@@ -1,0 +1,121 @@
+"""``pejit`` and ``pe``: the entry points, for both forms.
+
+* the ``jax.jit`` form, ``pejit(f, constant_argnums=..., constant_argnames=...)``,
+  specializes at call time and keeps one specialization per constant value
+  (:class:`~pejit.Pejitted`);
+* the TFC form, ``pejit(*example_args, constant_arg_nums=[...])(f)``, folds
+  immediately for the example arguments and returns a function of the
+  remaining arguments (:class:`~pejit.BoundPejitted`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from ._cache import DEFAULT_CACHE_SIZE
+from ._folding import FoldOptions
+from ._jit import Pejitted
+from ._tfc import BoundPejitted
+
+
+def pejit(
+    *args: Any,
+    constant_arg_nums: Sequence[int] | None = None,
+    constant_argnums: int | Sequence[int] | None = None,
+    constant_argnames: str | Sequence[str] | None = None,
+    fold_options: FoldOptions | None = None,
+    cache_size: int | None = DEFAULT_CACHE_SIZE,
+    constant_shardings: Any = None,
+    **jit_kwargs: Any,
+):
+    """Partially evaluate, then ``jax.jit``, a function with constant arguments.
+
+    Everything that depends only on the constant arguments is computed once,
+    at specialization time; the compiled program does only the work that
+    depends on the other (dynamic) arguments. Constants are concrete while
+    the function is traced, so Python control flow on them works.
+
+    Two forms:
+
+    * ``pejit(f, constant_argnums=..., constant_argnames=..., **jit_kwargs)``
+      (or ``@pejit(constant_argnums=...)``): like ``jax.jit``; specializes at
+      call time, one specialization per constant value.
+    * ``pejit(*example_args, constant_arg_nums=[...], **jit_kwargs)(f)``: the
+      TFC form; folds now, returns a function of the remaining arguments.
+
+    Any keyword of ``jax.jit`` is accepted; argument numbers in it refer to
+    the signature you call. ``cache_size`` bounds the specializations kept
+    (an LRU; ``None``: unbounded); ``constant_shardings`` places the folded
+    constants: a ``jax.sharding.Sharding`` for all of them, or a callable
+    from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
+    keeps the placement folding gave it). See ``docs/caching.md``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> A = jnp.array([[2.0, 0.0], [0.0, 4.0]])
+      >>> f = pejit(lambda A, x: jnp.linalg.inv(A) @ x, constant_argnums=0)
+      >>> f(A, jnp.ones(2))
+      Array([0.5 , 0.25], dtype=float32)
+      >>> g = pejit(A, jnp.ones(2), constant_arg_nums=[0])(lambda A, x: jnp.linalg.inv(A) @ x)
+      >>> g(jnp.ones(2))
+      Array([0.5 , 0.25], dtype=float32)
+    """
+    jit_kwargs = dict(jit_kwargs, cache_size=cache_size, constant_shardings=constant_shardings)
+    return _front("pejit", True, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs)
+
+
+def pe(
+    *args: Any,
+    constant_arg_nums: Sequence[int] | None = None,
+    constant_argnums: int | Sequence[int] | None = None,
+    constant_argnames: str | Sequence[str] | None = None,
+    fold_options: FoldOptions | None = None,
+    cache_size: int | None = DEFAULT_CACHE_SIZE,
+):
+    """Partially evaluate a function with constant arguments, without jitting.
+
+    The same forms as :func:`pejit`; the result runs the residual program
+    equation by equation (it can be jitted, vmapped, differentiated).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit import pe
+      >>> f = pe(jnp.arange(3.0), jnp.ones(3), constant_arg_nums=[0])(lambda x, y: jnp.sin(x) * y)
+      >>> [e.primitive.name for e in jax.make_jaxpr(f)(jnp.ones(3)).eqns]
+      ['mul']
+    """
+    return _front(
+        "pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options,
+        {"cache_size": cache_size},
+    )
+
+
+def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs):
+    if constant_arg_nums is not None:
+        if constant_argnums is not None or constant_argnames is not None:
+            raise TypeError(
+                f"{name}: give either constant_arg_nums with example arguments (TFC form) "
+                "or constant_argnums/constant_argnames (jax.jit form), not both"
+            )
+
+        def bind(fun):
+            return BoundPejitted(
+                fun, args, constant_arg_nums, jit=jit, fold_options=fold_options, jit_kwargs=jit_kwargs
+            )
+
+        return bind
+    make = functools.partial(
+        Pejitted, constant_argnums=constant_argnums, constant_argnames=constant_argnames,
+        jit=jit, fold_options=fold_options, **jit_kwargs,
+    )
+    if not args:
+        return make
+    if len(args) == 1 and callable(args[0]):
+        return make(args[0])
+    raise TypeError(
+        f"{name}: got {len(args)} positional argument(s) but no constant_arg_nums. Use "
+        f"{name}(f, constant_argnums=...) or {name}(*example_args, constant_arg_nums=[...])(f)"
+    )

@@ -1,0 +1,179 @@
+"""The specializer: from a call's constants to a :class:`~pejit._program.Specialization`.
+
+Plain functions of what they need, given explicitly: the parsed options
+(:class:`~pejit._info.PejitInfo`), the call's argument layout, and the
+constants. :func:`specialize` folds once per structure of the constants
+when it can (a *folding program*, traced with the constant arrays abstract,
+maps each new value to new folded constants: :func:`trace_program`), and
+otherwise per value (:func:`specialize_per_value`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ._argnums import interleave
+from ._cache import SpecializationCache
+from ._dispatch import Layout
+from ._info import PejitInfo
+from ._keys import dynamic_aval, is_array, structure_key
+from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
+from ._specialize import Residual, fold
+
+_tree_flatten = jax.tree_util.tree_flatten
+_tree_unflatten = jax.tree_util.tree_unflatten
+
+
+def specialize(
+    info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs
+) -> Specialization:
+    """Fold for these constants: with a shared program if values don't matter."""
+    dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
+    avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
+    const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
+    where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+    nargs = len(layout.const) + len(layout.dyn)
+    skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
+    arrays = [leaf for leaf in const_leaves if is_array(leaf)]
+    program = programs.get(skey)
+    if program is None:
+        start = time.perf_counter()
+        program, consts = trace_program(info, layout, where, const_leaves, const_tree, in_tree, avals)
+        programs.put(skey, program)
+        if not isinstance(program, PerValue):
+            return Specialization(program, consts, time.perf_counter() - start)
+    if isinstance(program, PerValue):
+        return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, program.reason)
+    start = time.perf_counter()
+    consts = program.fold(*arrays)
+    return Specialization(program, consts, time.perf_counter() - start)
+
+
+def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list) -> Callable:
+    """The user's function of the flat dynamic leaves, constants bound.
+
+    Each call appends the output's tree structure to ``out_trees``.
+    """
+    const_pos = tuple(zip(where[0], const_vals[0]))
+    const_kw = dict(zip(where[1], const_vals[1]))
+    fun = info.fun
+
+    def flat_fun(*leaves):
+        dyn_args, dyn_kwargs = _tree_unflatten(in_tree, leaves)
+        out = fun(*interleave(const_pos, dyn_args), **const_kw, **dyn_kwargs)
+        out_leaves, out_tree = _tree_flatten(out)
+        out_trees.append(out_tree)
+        return out_leaves
+
+    return flat_fun
+
+
+def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tree, in_tree, avals):
+    """Trace once with the constant arrays abstract: the folding program.
+
+    If the trace needs a constant's value (Python control flow, shapes,
+    a ``cond`` with a known index, ...) it fails, and the structure is
+    marked value-dependent: each new value is traced again, concretely.
+    Any failure counts, since JAX reports a missing value in many ways
+    (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
+    ``IndexError`` for slices) and so may user code checking values; the
+    concrete trace then raises the function's real errors. The reason is
+    kept in the report.
+    """
+    is_arrays = [is_array(leaf) for leaf in const_leaves]
+    arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
+    # Close over the static leaves only: array leaves must not be kept alive.
+    statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
+    traced: dict[str, Any] = {}
+    out_trees: list = []
+
+    def folding_program(*array_leaves):
+        it = iter(array_leaves)
+        leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
+        flat_fun = bind_constants(info, where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
+        residual = fold(flat_fun, avals, info.fold_options, name=info.name, retry_eager_bodies=False)
+        traced["jaxpr"] = residual.jaxpr.jaxpr
+        traced["report"] = dataclasses.replace(residual.report, after=None)
+        return place(info, residual.consts, jax.lax.with_sharding_constraint)
+
+    try:
+        program = FoldingProgram(jax.jit(folding_program).trace(*arrays))
+    except Exception as e:  # the trace needed a constant's value
+        first_line = (str(e).splitlines() or [""])[0]
+        return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
+    if has_control_flow(traced["jaxpr"]):
+        # Loops, branches and checkpoints left in the residual are where
+        # pejit's passes hoist known work, by evaluating it concretely:
+        # with abstract constants they would hoist less. Fold each value.
+        return PerValue("control flow left in the residual is specialized per value"), None
+    consts = program.evaluate(*arrays)
+    run = make_runner(info, layout, traced["jaxpr"], out_trees[-1])
+    return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+
+
+def specialize_per_value(
+    info: PejitInfo, layout: Layout, const_pos, const_kw, in_tree, avals, reason: str
+) -> Specialization:
+    """Fold for these constant values by tracing with them concrete (the
+    structure's trace depends on values, or ``reason`` says why else)."""
+    out_trees: list = []
+    where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+    vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+    residual = fold(bind_constants(info, where, vals, in_tree, out_trees), avals, info.fold_options, name=info.name)
+    note = f"each new constant value is traced and folded again: {reason}"
+    residual = Residual(residual.jaxpr, dataclasses.replace(
+        residual.report, fallbacks=(*residual.report.fallbacks, note)))
+    folded = residual.consts
+    consts = place(info, folded, jax.device_put)
+    run = make_runner(info, layout, residual.jaxpr.jaxpr, out_trees[-1])
+    program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+    return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
+
+
+def place(info: PejitInfo, consts: list, put: Callable) -> list:
+    """Apply ``constant_shardings`` to the folded constants."""
+    where = info.constant_shardings
+    if where is None:
+        return consts
+    out = []
+    for c in consts:
+        s = where if isinstance(where, jax.sharding.Sharding) else where(jax.ShapeDtypeStruct(c.shape, c.dtype))
+        out.append(c if s is None else put(c, s))
+    return out
+
+
+def make_runner(info: PejitInfo, layout: Layout, jaxpr, out_tree) -> Callable:
+    run = runner(jaxpr, out_tree)
+    if info.jit:
+        run = jax.jit(run, **jit_kwargs_for(info, layout, len(jaxpr.constvars)))
+    return run
+
+
+def jit_kwargs_for(info: PejitInfo, layout: Layout, nconsts: int) -> dict:
+    """``jax.jit`` keywords for the runner ``run(*consts, *dyn_args, **dyn_kwargs)``."""
+    nargs = len(layout.const) + len(layout.dyn)
+    dyn_index = {i: nconsts + j for j, i in enumerate(layout.dyn)}
+    kwargs = dict(info.jit_kwargs)
+    donate = [dyn_index[i % nargs] for i in info.donate_nums if -nargs <= i < nargs]
+    if donate:
+        kwargs["donate_argnums"] = tuple(donate)
+    if info.donate_names:
+        kwargs["donate_argnames"] = tuple(info.donate_names)
+    in_shardings = kwargs.get("in_shardings")
+    if isinstance(in_shardings, (tuple, list)):
+        if len(in_shardings) != nargs:
+            raise ValueError(
+                f"in_shardings has {len(in_shardings)} entries but {info.name} "
+                f"was called with {nargs} positional arguments"
+            )
+        kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings[i] for i in layout.dyn))
+    elif isinstance(in_shardings, jax.sharding.Sharding):
+        # One sharding for every argument the user passes; the folded
+        # constants keep the placement folding gave them.
+        kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings for _ in layout.dyn))
+    return kwargs
