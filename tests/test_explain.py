@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pejit import FoldReport, explain, pe, pejit, specialize_jaxpr
+from pejit import FoldOptions, FoldReport, explain, pe, pejit, specialize_jaxpr
 
 
 def inv_chol(A, x):
@@ -28,7 +28,11 @@ def test_counts_and_constants(report):
     assert [(a.shape, a.dtype) for a in report.buffers] == [((8, 8), jnp.float32)] * 2
     assert report.folded_bytes == 2 * 8 * 8 * 4
     assert report.literals == []
-    assert report.strategy == "eager"
+    # A value-independent structure: its known work is one batch, staged
+    # into the folding program.
+    assert report.backends == {"program": 1}
+    assert sum(b.equations for b in report.batches) == report.folded_eqns
+    assert str(report).splitlines()[3].endswith("(1 batch: 1 program)")
     assert report.fold_seconds > 0
     assert report.warnings == []
 
@@ -143,3 +147,14 @@ def test_specialize_jaxpr_report_marks_known_inputs():
     assert spec.report.known_invars == (0,)
     assert spec.report.marks == ["folded", "residual"]
     assert 'constant 0: f32[]' in spec.report.to_dot()
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_batches_report_how_known_work_was_evaluated(backend):
+    def f(A, x):  # Python control flow on A: folded per value, in batches
+        B = jnp.sin(A) * 2.0 + 1.0 if A.sum() > 0 else A
+        return B @ x
+
+    r = explain(f, A, X, constant_argnums=0, fold_options=FoldOptions(backend=backend))
+    assert set(r.backends) == {backend}
+    assert f"{r.backends[backend]} {backend}" in str(r)

@@ -10,7 +10,6 @@ works, as it does under pejit) while every equation lands in the jaxpr.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,8 +91,12 @@ def explain(
             fun, constant_argnums=constant_argnums, constant_argnames=constant_argnames,
             jit=False, fold_options=fold_options,
         )
-    report = pj.specialize(*args, **kwargs).report
-    return dataclasses.replace(report, before=_original(pj, args, kwargs))
+    residual = pj.specialize(*args, **kwargs).residual
+    report = residual.report
+    return FoldReport.build(
+        residual.stats, residual.jaxpr, report.fold_seconds, before=_original(pj, args, kwargs),
+        fallbacks=report.fallbacks,
+    )
 
 
 def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> None:

@@ -406,14 +406,16 @@ class Folder:
                 [v for v in targets if v in produced]
                 + [v for v in produced if self._uses[v] > inside[v]]
             ))
-            backend = "eager" if _batch.reads_abstract(batch, self._materialized) else self.options.backend
+            # Abstract constants: the batch is staged into the folding program.
+            abstract = _batch.reads_abstract(batch, self._materialized)
+            backend = "eager" if abstract else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
             values = _batch.run_batch(plan, self._materialized, outputs)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
                 _batch.BatchInfo(
-                    number, seg.backend, len(seg.recipes),
+                    number, "program" if abstract else seg.backend, len(seg.recipes),
                     sum(r.out_bytes() for r in seg.recipes),
                     Counter(r.prim.name for r in seg.recipes),
                 )

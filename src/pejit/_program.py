@@ -10,7 +10,6 @@ constants of one value.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -19,6 +18,7 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from . import _compat
+from ._folding import FoldStats
 from ._report import FoldReport
 from ._specialize import Residual
 
@@ -35,12 +35,16 @@ class Program:
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "out_tree", "report", "run", "fold")
+    __slots__ = ("jaxpr", "out_tree", "stats", "fallbacks", "run", "fold")
 
-    def __init__(self, jaxpr, out_tree, report: FoldReport, run: Callable, fold: FoldingProgram | None):
+    def __init__(
+        self, jaxpr, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
+        fold: FoldingProgram | None,
+    ):
         self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
         self.out_tree = out_tree
-        self.report = report
+        self.stats = stats  # what the trace folded, for the reports of its specializations
+        self.fallbacks = fallbacks
         self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
         self.fold = fold
 
@@ -113,9 +117,10 @@ class Specialization:
     @property
     def residual(self) -> Residual:
         if self._residual is None:
-            closed = ClosedJaxpr(self.program.jaxpr, self.consts)
-            report = dataclasses.replace(self.program.report, after=closed, fold_seconds=self.fold_seconds)
-            self._residual = Residual(closed, report)
+            program = self.program
+            closed = ClosedJaxpr(program.jaxpr, self.consts)
+            report = FoldReport.build(program.stats, closed, self.fold_seconds, fallbacks=program.fallbacks)
+            self._residual = Residual(closed, report, program.stats)
         return self._residual
 
     @property

@@ -10,7 +10,6 @@ otherwise per value (:func:`specialize_per_value`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,7 @@ from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
 from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
-from ._specialize import Residual, fold
+from ._specialize import fold
 
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -98,7 +97,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         flat_fun = bind_constants(info, where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
         residual = fold(flat_fun, avals, info.fold_options, name=info.name, retry_eager_bodies=False)
         traced["jaxpr"] = residual.jaxpr.jaxpr
-        traced["report"] = dataclasses.replace(residual.report, after=None)
+        traced["stats"] = residual.stats
         return place(info, residual.consts, jax.lax.with_sharding_constraint)
 
     try:
@@ -113,7 +112,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         return PerValue("control flow left in the residual is specialized per value"), None
     consts = program.evaluate(*arrays)
     run = make_runner(info, layout, traced["jaxpr"], out_trees[-1])
-    return Program(traced["jaxpr"], out_trees[-1], traced["report"], run, program), consts
+    return Program(traced["jaxpr"], out_trees[-1], traced["stats"], (), run, program), consts
 
 
 def specialize_per_value(
@@ -124,14 +123,15 @@ def specialize_per_value(
     out_trees: list = []
     where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
     vals = ([v for _, v in const_pos], [v for _, v in const_kw])
-    residual = fold(bind_constants(info, where, vals, in_tree, out_trees), avals, info.fold_options, name=info.name)
     note = f"each new constant value is traced and folded again: {reason}"
-    residual = Residual(residual.jaxpr, dataclasses.replace(
-        residual.report, fallbacks=(*residual.report.fallbacks, note)))
+    residual = fold(
+        bind_constants(info, where, vals, in_tree, out_trees), avals, info.fold_options, name=info.name,
+        fallbacks=(note,),
+    )
     folded = residual.consts
     consts = place(info, folded, jax.device_put)
     run = make_runner(info, layout, residual.jaxpr.jaxpr, out_trees[-1])
-    program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.report, run, None)
+    program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.stats, (note,), run, None)
     return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
 

@@ -29,7 +29,6 @@ order) but not split.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
