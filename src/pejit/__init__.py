@@ -16,8 +16,8 @@ from ._jit import Pejitted as Pejitted
 from ._jit import PejitWarning as PejitWarning
 from ._tfc import BoundPejitted as BoundPejitted
 from ._report import FoldReport as FoldReport
-from ._specialize import Residual as Residual
-from ._specialize import specialize_jaxpr as specialize_jaxpr
+from ._residual import Residual as Residual
+from ._residual import specialize_jaxpr as specialize_jaxpr
 
 __version__ = "0.1.0"
 

@@ -145,13 +145,13 @@ class Pejitted:
 
     def _uncached(self, args: tuple, kwargs: dict):
         try:
-            spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
+            spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
         return spec.call(*dyn_args, **dyn_kwargs)
 
     def _fallback(self, e: TracedConstant, args, kwargs):
-        what = _describe(e.args[0])
+        what = _argument_name(e.args[0])
         with self._lock:
             warn, self._warned = not self._warned, True
         if warn:
@@ -196,7 +196,7 @@ class Pejitted:
             ))))
         return tuple(key)
 
-    def _specialization(self, args: tuple, kwargs: dict):
+    def _specialized_call(self, args: tuple, kwargs: dict):
         layout = self._layout(len(args))
         key = self._key(args, kwargs, layout)
 
@@ -214,25 +214,25 @@ class Pejitted:
     # -- jax.jit's staged API --------------------------------------------
     def lower(self, *args, **kwargs) -> Lowered:
         """Lower the residual program for these arguments, as ``jax.jit`` does."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
+        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("lower")
         return Lowered(spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
 
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
+        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("trace")
         return spec.run.trace(*spec.consts, *dyn_args, **dyn_kwargs)
 
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
-        spec, _, _ = self._specialization(args, kwargs)
+        spec, _, _ = self._specialized_call(args, kwargs)
         outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     def specialize(self, *args, **kwargs) -> Specialization:
         """The specialization these arguments select (folding if needed)."""
-        return self._specialization(args, kwargs)[0]
+        return self._specialized_call(args, kwargs)[0]
 
     def report(self, *args, **kwargs):
         """The :class:`~pejit.FoldReport` of the specialization for these arguments."""
@@ -269,7 +269,7 @@ class Pejitted:
         return f"<{'pejit' if self.info.jit else 'pe'} function {self.info.name}>"
 
 
-def _describe(what: int | str) -> str:
+def _argument_name(what: int | str) -> str:
     return f"argument {what}" if isinstance(what, int) else f"argument {what!r}"
 
 

@@ -20,7 +20,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 from . import _compat
 from ._folding import FoldStats
 from ._report import FoldReport
-from ._specialize import Residual
+from ._residual import Residual
 
 _tree_leaves = jax.tree_util.tree_leaves
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -29,24 +29,24 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 class Program:
     """What specializations of one structure share: residual program, executables.
 
-    ``fold`` is the folding program (constant array leaves in, folded
+    ``folding_program`` is the folding program (constant array leaves in, folded
     constants out) when tracing did not depend on constant values; then a
     new constant value costs one run of it. It is None for a value-dependent
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "out_tree", "stats", "fallbacks", "run", "fold")
+    __slots__ = ("jaxpr", "out_tree", "stats", "fallbacks", "run", "folding_program")
 
     def __init__(
         self, jaxpr, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
-        fold: FoldingProgram | None,
+        folding_program: FoldingProgram | None,
     ):
         self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
         self.out_tree = out_tree
         self.stats = stats  # what the trace folded, for the reports of its specializations
         self.fallbacks = fallbacks
         self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
-        self.fold = fold
+        self.folding_program = folding_program
 
 
 class FoldingProgram:

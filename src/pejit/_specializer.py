@@ -22,7 +22,7 @@ from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
 from ._program import FoldingProgram, PerValue, Program, Specialization, has_control_flow, runner
-from ._specialize import fold
+from ._residual import fold
 
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -49,7 +49,7 @@ def specialize(
     if isinstance(program, PerValue):
         return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, program.reason)
     start = time.perf_counter()
-    consts = program.fold(*arrays)
+    consts = program.folding_program(*arrays)
     return Specialization(program, consts, time.perf_counter() - start)
 
 

@@ -41,7 +41,7 @@ The passes, in one place:
   output is more than ``expansion_ratio`` times larger than its known inputs
   and above ``expansion_min_bytes`` is not materialized; it stays in the
   residual program. Expensive known work feeding it is still folded.
-``literals`` (:mod:`pejit._specialize`)
+``literals`` (:mod:`pejit._residual`)
   Folded scalars become literals of the residual jaxpr. Every other folded
   constant is an input of the residual program, so it reaches XLA as a
   device buffer (an argument), never as an HLO literal: lowering and
