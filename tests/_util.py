@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import jax
+import pytest
+
+#: (major, minor) of the JAX under test, for tests of behaviour that changed.
+JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:2])
+
+
+def requires_jax(version: tuple[int, int], why: str):
+    """Skip a test on JAX older than ``version``, saying what differs there."""
+    return pytest.mark.skipif(JAX_VERSION < version, reason=f"JAX < {'.'.join(map(str, version))}: {why}")
 
 
 def all_eqns(jaxpr):

@@ -9,14 +9,16 @@ import textwrap
 
 import pytest
 
-_YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
-
 
 def run_child(code: str, *, env: dict | None = None, timeout: int = 300) -> dict:
-    """Run ``code`` in a fresh Python; it prints one JSON object last."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    full_env["XLA_FLAGS"] = f"{full_env.get('XLA_FLAGS', '')} {_YNN_OFF}".strip()
+    """Run ``code`` in a fresh Python; it prints one JSON object last.
+
+    The child keeps this process's ``XLA_FLAGS`` (conftest.py's YNN
+    workaround, where the jaxlib has it) after those of ``env``.
+    """
+    env = dict(env or {})
+    full_env = dict(os.environ, **env)
+    full_env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {os.environ.get('XLA_FLAGS', '')}".strip()
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True, text=True, env=full_env, timeout=timeout,

@@ -14,7 +14,7 @@ from jax.experimental import io_callback
 
 from pejit import pe, pejit
 
-from ._util import primitive_names
+from ._util import primitive_names, requires_jax
 
 A = jnp.array([[3.0, 1.0, 0.0], [1.0, 4.0, 1.0], [0.0, 1.0, 5.0]])
 
@@ -22,6 +22,7 @@ A = jnp.array([[3.0, 1.0, 0.0], [1.0, 4.0, 1.0], [0.0, 1.0, 5.0]])
 # -- effects ------------------------------------------------------------------
 
 
+@requires_jax((0, 8), "jax.debug.print stages a debug_callback equation, not debug_print")
 def test_debug_print_on_constants_runs_every_call(capfd):
     def f(c, x):
         jax.debug.print("c sum = {}", c.sum())

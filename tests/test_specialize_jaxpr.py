@@ -70,6 +70,15 @@ def test_bad_known_keys_name_the_key(known, error, match):
         specialize_jaxpr(CLOSED, known=known)
 
 
+def test_rejects_what_is_not_a_jaxpr():
+    with pytest.raises(TypeError, match="closed_jaxpr must be a jax.extend.core.ClosedJaxpr.*got function"):
+        specialize_jaxpr(lambda a, x: a * x, known={})
+
+
+@pytest.mark.skipif(
+    jax.extend.core.ClosedJaxpr is jax.extend.core.Jaxpr,
+    reason="JAX >= 0.11: every Jaxpr is closed (ClosedJaxpr is an alias), so there is no open one to reject",
+)
 def test_rejects_non_closed_jaxpr():
     with pytest.raises(TypeError, match="closed_jaxpr"):
         specialize_jaxpr(CLOSED.jaxpr, known={})

@@ -1,61 +1,70 @@
 """Every use of JAX internals (``jax._src``) in pejit lives in this module.
 
 A JAX upgrade should be a one-file change: when an internal moves, fix it
-here. What we use, and why no public API does the job:
+here. Supported: JAX 0.7.0 to 0.12.x (CI runs 0.7.0, 0.10.2 and the newest
+release). At import, :func:`_probe` checks that every internal below exists
+(and, for the ``DynamicJaxprTrace`` methods pejit overrides, that their
+parameters are the ones we override), so that a JAX without one fails with
+an ``ImportError`` that names it, not deep inside a trace.
 
-* ``core.Trace`` machinery (``trace_ctx``, ``set_current_trace``,
-  ``eval_trace``, ``ensure_no_leaks``, ``Tracer``): pejit traces the user's
-  function with its own subclass of ``DynamicJaxprTrace`` so that it can
-  decide, equation by equation, whether to evaluate (fold) or to stage. The
-  public ``jax.ensure_compile_time_eval`` folds *everything* whose inputs are
+Internals used, why no public API does the job, and where versions differ:
+
+* ``core`` trace machinery (``trace_ctx``, ``set_current_trace``,
+  ``eval_trace``, ``ensure_no_leaks``) and ``partial_eval.DynamicJaxprTrace``
+  / ``DynamicJaxprTracer``: pejit traces the user's function with its own
+  subclass of ``DynamicJaxprTrace`` so that it can decide, equation by
+  equation, whether to evaluate (fold) or to stage, and builds the residual
+  jaxpr as ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``). The public
+  ``jax.ensure_compile_time_eval`` folds *everything* whose inputs are
   concrete, including ``jax.debug.print`` and ``io_callback``, which must stay
-  in the residual program.
-* ``partial_eval.DynamicJaxprTrace`` and its frame: building the residual
-  jaxpr, the same way ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``).
-* ``partial_eval.convert_constvars_jaxpr`` and ``dce_jaxpr``: turning folded
-  constants into explicit arguments (so they reach XLA as buffers, not HLO
-  literals) and dropping dead equations.
-* ``partial_eval.partial_eval_jaxpr_nounits_fwd`` and
-  ``move_binders_to_back``: splitting a loop body into the part that depends
-  only on known carries/inputs and the rest, as JAX's own scan
-  partial-evaluation rule does (there is no public jaxpr-splitting API).
+  in the residual program. ``Primitive.bind_with_trace`` takes the input
+  avals since 0.10; ``DynamicJaxprTrace.new_const`` accepts non-canonical
+  constants before 0.10 and asserts on them since; avals carry a "QDD"
+  (``has_qdd``, ``AvalQDD``) until 0.11.0, which ``var_to_tracer`` must keep.
 * ``config.eager_constant_folding``: the context-local switch behind
   ``jax.ensure_compile_time_eval``; we scope it, never set it globally. It is
   *off* while pejit traces: otherwise the ``DynamicJaxprTrace`` that JAX
   opens for a loop body or branch would evaluate every operation on
   closed-over constants itself, effects included, behind the policy's back.
-  Known work inside bodies is folded by the loop and branch fold rules.
+* Jaxpr construction. Folded constants are carried as an *open* jaxpr whose
+  leading inputs are the constants, with the list of their values beside it
+  (:func:`close_jaxpr` / :func:`open_jaxpr` convert). The closed form changed
+  meaning: until 0.11.0 a ``ClosedJaxpr`` wraps a ``Jaxpr`` whose
+  ``constvars`` pair with ``consts`` (built with
+  ``pe.convert_invars_to_constvars``); 0.11.0 makes ``ClosedJaxpr`` an alias
+  of ``Jaxpr``; from 0.11.1 ``constvars`` are just the leading inputs that
+  have values attached (``Jaxpr.with_consts``), and ``frame.to_jaxpr``
+  returns its constants as plain leading inputs. Never building
+  ``Jaxpr(constvars, ...)`` without values keeps one code path right in all.
+* ``partial_eval.partial_eval_jaxpr_nounits_fwd`` and
+  ``move_binders_to_back``: splitting a loop body into the part that depends
+  only on known carries/inputs and the rest, as JAX's own scan
+  partial-evaluation rule does (there is no public jaxpr-splitting API).
+* ``scan``'s parameters: ``num_consts``/``num_carry`` (and ``linear`` before
+  0.10) until 0.10.2; the flat trees ``ft_in``/``ft_out`` (``jax._src.flattree``)
+  from 0.11.0. :class:`ScanParams` reads and rebuilds both, keeping JAX's own
+  grouping of inputs and outputs.
 * ``core.eval_jaxpr``: the reference jaxpr interpreter, used to replay a
   jaxpr under the folding trace.
 * ``api_util.debug_info`` / ``linear_util.wrap_init``: the debug metadata
-  that ``DynamicJaxprTrace`` requires.
-* ``dtypes.canonicalize_value``: outputs that are Python or NumPy values
-  become JAX values, as ``jax.jit`` makes them; known Python scalars are
-  staged the way ``Primitive.bind`` would.
-* ``pjit.pjit_p`` (JAX < 0.7 only; public as ``jax.extend.core.primitives.jit_p``
-  since): the primitive of a nested ``jax.jit`` call, which a fold rule
-  specializes through; ``ad_checkpoint.remat_p`` (JAX < 0.8 only; public
-  since), ``jax.checkpoint``'s primitive, which a fold rule and the FLOP
-  counter look into.
+  that ``DynamicJaxprTrace`` requires; ``DebugInfo.result_paths`` must be
+  resolved before ``to_jaxpr`` in 0.7.
+* ``dtypes.canonicalize_value`` (0.10 and newer): outputs that are Python or
+  NumPy values become JAX values, as ``jax.jit`` makes them.
+* ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
+  compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
+* ``mlir._lowerings``: whether a known sub-program can be compiled at all
+  (primitives with only an ``impl`` must run op by op).
 
-Supported JAX versions: 0.7.0 and newer (CI tests 0.7.0 and the newest).
-Version differences handled here, by feature detection:
-
-* ``Primitive.bind_with_trace`` takes the input avals since JAX 0.10;
-* ``DebugInfo.result_paths`` must be resolved before ``to_jaxpr`` in 0.7;
-* ``DynamicJaxprTrace.new_const`` accepts non-canonical constants (Python
-  scalars, NumPy arrays) before 0.10, and asserts on them since.
+Public replacements are used where every supported version has them:
+``jax.extend.core`` (``ClosedJaxpr``, ``Jaxpr``, ``Var``, ``Literal``,
+``primitives.jit_p``/``remat_p`` where present) and
+``jax.interpreters.partial_eval.dce_jaxpr``.
 
 JAX 0.6 is out of reach without a second implementation: its
 ``DynamicJaxprTracer`` does not carry its ``Var`` (the frame maps tracer ids
 to variables), and there is no ``var_to_tracer`` hook, while the folding
 policy identifies lazy values by their ``Var``.
-* ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
-  compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
-* ``core.eval_trace``: evaluating known work (op by op, or by compiling it
-  with ``jax.jit``) from inside the folding trace.
-* ``mlir._lowerings``: whether a known sub-program can be compiled at all
-  (primitives with only an ``impl`` must run op by op).
 """
 
 from __future__ import annotations
@@ -65,29 +74,113 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
+from jax.extend import core as _xcore
+from jax.interpreters import partial_eval as _public_pe
 
-from jax._src import api_util
-from jax._src import array as _array
-from jax._src import config as _config
-from jax._src import core
-from jax._src import dtypes
-from jax._src import linear_util as lu
-from jax._src import source_info_util
-from jax._src.interpreters import mlir as _mlir
-from jax._src.interpreters import partial_eval as _pe
+#: What pejit's CI has run (see .ci/run); the ImportError below quotes it.
+SUPPORTED_JAX = "0.7.0 to 0.12.x"
+
+
+def _missing(what: str, detail: str) -> ImportError:
+    return ImportError(
+        f"pejit supports JAX {SUPPORTED_JAX}, but JAX {jax.__version__} lacks what it needs: "
+        f"{what} ({detail}). Install a supported JAX (pip install 'jax>=0.7,<0.13') or a pejit "
+        "release that supports this one."
+    )
+
+
+try:
+    from jax._src import api_util
+    from jax._src import array as _array
+    from jax._src import config as _config
+    from jax._src import core
+    from jax._src import dtypes
+    from jax._src import linear_util as lu
+    from jax._src import source_info_util
+    from jax._src.interpreters import mlir as _mlir
+    from jax._src.interpreters import partial_eval as _pe
+except ImportError as e:  # pragma: no cover - only on an unsupported JAX
+    raise _missing(f"module {e.name}", "import failed") from e
+
+try:  # JAX >= 0.11: scan's parameters are flat trees
+    from jax._src import flattree as _ft
+except ImportError:
+    _ft = None
 
 try:  # the primitive of a nested jax.jit call (public since JAX 0.7)
     from jax.extend.core.primitives import jit_p
 except ImportError:  # JAX 0.6: only internal, named pjit_p
     from jax._src.pjit import pjit_p as jit_p
-try:  # jax.checkpoint's primitive (public since JAX 0.8)
+try:  # jax.checkpoint's primitive (public since JAX 0.8.2)
     from jax.extend.core.primitives import remat_p
 except ImportError:
     from jax._src.ad_checkpoint import remat_p
 
 if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
     from ._folding import FoldPolicy
+
+#: Internals looked up by attribute: (owner, name, why pejit needs it).
+_REQUIRED = [
+    (core, "Tracer", "tracer type"),
+    (core, "trace_ctx", "the current trace"),
+    (core, "set_current_trace", "entering the folding trace"),
+    (core, "eval_trace", "evaluating folded work"),
+    (core, "ensure_no_leaks", "tracing like make_jaxpr"),
+    (core, "eval_jaxpr", "replaying a jaxpr under the folding trace"),
+    (core, "typeof", "abstract values"),
+    (core, "Primitive", "binding primitives"),
+    (_pe, "DynamicJaxprTrace", "the folding trace's base class"),
+    (_pe, "DynamicJaxprTracer", "the folding trace's tracers"),
+    (_pe, "convert_constvars_jaxpr", "opening a closed jaxpr"),
+    (_pe, "partial_eval_jaxpr_nounits_fwd", "splitting loop bodies"),
+    (_pe, "move_binders_to_back", "splitting loop bodies"),
+    (_config, "eager_constant_folding", "scoping JAX's own folding"),
+    (api_util, "debug_info", "debug metadata of the traced function"),
+    (lu, "wrap_init", "wrapping the traced function"),
+    (source_info_util, "current", "source information of staged equations"),
+    (source_info_util, "reset_name_stack", "tracing like make_jaxpr"),
+    (_array, "ArrayImpl", "the hot path's type check"),
+    (_mlir, "_lowerings", "which primitives can be compiled"),
+    (_public_pe, "dce_jaxpr", "dead-code elimination"),
+    (_xcore, "ClosedJaxpr", "closed jaxprs"),
+]
+
+#: DynamicJaxprTrace methods pejit overrides or calls, with the parameters it passes.
+_METHODS = {
+    "process_primitive": ["primitive", "tracers", "params"],
+    "var_to_tracer": ["var", "source_info", "parent"],
+    "new_arg": ["aval", "source_info"],
+    "to_jaxpr_tracer": ["x", "source_info"],
+    "get_const": ["tracer"],
+    "default_process_primitive": ["primitive", "tracers", "params", "source_info"],
+    "process_custom_jvp_call": ["prim", "fun", "jvp", "tracers"],
+    "process_custom_vjp_call": ["prim", "fun", "fwd", "bwd", "tracers"],
+}
+
+
+def _probe(required=_REQUIRED, methods=_METHODS, trace_class=None) -> None:
+    """Raise ``ImportError`` naming every needed internal this JAX lacks."""
+    trace_class = trace_class or getattr(_pe, "DynamicJaxprTrace", None)
+    missing = [
+        f"{getattr(owner, '__name__', owner)}.{name} ({why})"
+        for owner, name, why in required
+        if not hasattr(owner, name)
+    ]
+    for name, params in methods.items():
+        method = getattr(trace_class, name, None)
+        if method is None:
+            missing.append(f"DynamicJaxprTrace.{name}")
+            continue
+        got = list(inspect.signature(method).parameters)[1:]  # without self
+        if got[: len(params)] != params:
+            missing.append(f"DynamicJaxprTrace.{name}({', '.join(params)}), found ({', '.join(got)})")
+    if missing:
+        raise _missing("; ".join(missing), "internals moved or changed")
+
+
+_probe()
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
@@ -110,34 +203,140 @@ def _canonical_output(name: str, i: int, x: Any) -> Any:
 
 ArrayImpl = _array.ArrayImpl
 Tracer = core.Tracer
-Literal = core.Literal
-Var = core.Var
-Jaxpr = core.Jaxpr
-ClosedJaxpr = core.ClosedJaxpr
+Literal = _xcore.Literal
+Var = _xcore.Var
+Jaxpr = _xcore.Jaxpr
+ClosedJaxpr = _xcore.ClosedJaxpr
 ShapedArray = core.ShapedArray
 eval_jaxpr = core.eval_jaxpr
 set_current_trace = core.set_current_trace
 eval_trace = core.eval_trace
 typeof = core.typeof
-convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
-dce_jaxpr = _pe.dce_jaxpr
-convert_invars_to_constvars = _pe.convert_invars_to_constvars
+dce_jaxpr = _public_pe.dce_jaxpr
 partial_eval_jaxpr_nounits_fwd = _pe.partial_eval_jaxpr_nounits_fwd
 move_binders_to_back = _pe.move_binders_to_back
+
+# JAX < 0.11.1 pairs constvars with consts explicitly; later, attached values
+# make leading inputs constants (``Jaxpr.with_consts``).
+_convert_invars_to_constvars = getattr(_pe, "convert_invars_to_constvars", None)
+
+
+# -- jaxprs with folded constants ---------------------------------------------
+# pejit carries a jaxpr with folded constants *open*: its first len(consts)
+# inputs are the constants, whose values travel beside it.
+def open_jaxpr(closed: ClosedJaxpr) -> tuple[Jaxpr, list[Any]]:
+    """``(open jaxpr, consts)``: the constants become its leading inputs."""
+    return _pe.convert_constvars_jaxpr(closed.jaxpr), list(closed.consts)
+
+
+def close_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any]) -> ClosedJaxpr:
+    """The closed jaxpr whose leading ``len(consts)`` inputs are bound to ``consts``."""
+    consts = list(consts)
+    if _convert_invars_to_constvars is not None:  # JAX <= 0.11.0
+        return ClosedJaxpr(_convert_invars_to_constvars(jaxpr, len(consts)), consts)
+    return jaxpr.with_consts(consts)
+
+
+def with_invars(jaxpr: Jaxpr, invars: Sequence[Any]) -> Jaxpr:
+    """``jaxpr`` with new input binders, unnamed (JAX 0.7 needs a tuple of names)."""
+    dbg = jaxpr.debug_info
+    if dbg is not None:
+        dbg = dbg._replace(arg_names=("",) * len(invars))
+    return jaxpr.replace(invars=list(invars), debug_info=dbg)
+
+
+def is_drop_var(v: Any) -> bool:
+    """Whether ``v`` is an output binder nobody reads (``_`` in printed jaxprs)."""
+    return isinstance(v, core.DropVar)
 
 
 def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
     """Drop dead equations (e.g. unused lazy expansions) and unused constants.
 
-    Effectful equations are kept; every input is kept, so the signature does
+    ``jaxpr`` is open (its leading inputs are ``consts``). Effectful
+    equations are kept; every other input is kept, so the signature does
     not change.
     """
-    open_jaxpr = convert_constvars_jaxpr(jaxpr)
     n = len(consts)
-    keep = [False] * n + [True] * len(jaxpr.invars)
-    dced, used = dce_jaxpr(open_jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
-    consts = [c for c, u in zip(consts, used[:n]) if u]
-    return convert_invars_to_constvars(dced, len(consts)), consts
+    keep = [False] * n + [True] * (len(jaxpr.invars) - n)
+    dced, used = dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    return dced, [c for c, u in zip(consts, used[:n]) if u]
+
+
+# -- scan parameters ----------------------------------------------------------
+class ScanParams:
+    """Reads and rebuilds ``scan``'s parameters, in either of their forms.
+
+    Inputs are ``[*consts, *carry, *xs]`` and outputs ``[*carry, *ys]``;
+    JAX <= 0.10 records the counts (``num_consts``, ``num_carry``, and
+    ``linear`` per input), JAX >= 0.11 flat trees (``ft_in``, ``ft_out``)
+    whose groups we keep, so that JAX's output grouping is unchanged.
+    """
+
+    def __init__(self, params: dict):
+        self.params = params
+        if "ft_in" in params:
+            consts, carry, xs = params["ft_in"].unpack()
+            self.num_consts, self.num_carry, self.num_xs = len(consts), len(carry), len(xs)
+        else:
+            self.num_consts, self.num_carry = params["num_consts"], params["num_carry"]
+            self.num_xs = len(params["jaxpr"].in_avals) - self.num_consts - self.num_carry
+
+    def with_consts(self, jaxpr, num_consts: int) -> dict:
+        """Parameters for ``jaxpr`` taking ``num_consts`` constants, the same carries and xs."""
+        if "ft_in" in self.params:
+            _, carry, xs = self.params["ft_in"].unpack()
+            return dict(self.params, jaxpr=jaxpr, ft_in=_ft.pack((_ft.nones(num_consts), carry, xs)))
+        n_in = num_consts + self.num_carry + self.num_xs
+        return dict(self.params, jaxpr=jaxpr, num_consts=num_consts, **_linear(self.params, n_in))
+
+    def split(self, jaxpr, *, consts: int, carry: Sequence[bool], xs: Sequence[bool], ys: Sequence[bool],
+              extra_xs: int = 0, extra_ys: int = 0) -> dict:
+        """Parameters of a scan keeping some of this scan's carries, xs and ys.
+
+        ``carry``/``xs``/``ys`` mask which are kept. The new scan takes
+        ``consts`` constants first, and ``extra_xs`` scanned inputs after the
+        kept ones; it returns ``extra_ys`` stacked outputs after the kept ys.
+        As in ``jax._src.lax.control_flow.loops._scan_partial_eval``.
+        """
+        n_carry = sum(carry)
+        if "ft_in" in self.params:
+            _, carry_g, xs_g = self.params["ft_in"].unpack()
+            _, ys_g = self.params["ft_out"].unpack()
+            carry_g = carry_g.filter_with_mask(list(carry))
+            xs_g = xs_g.filter_with_mask(list(xs))
+            ys_g = ys_g.filter_with_mask(list(ys))
+            if extra_xs:
+                xs_g = _ft.pack((xs_g, _ft.nones(extra_xs)))
+            if extra_ys:
+                ys_g = _ft.pack((ys_g, _ft.nones(extra_ys)))
+            return dict(
+                self.params, jaxpr=jaxpr,
+                ft_in=_ft.pack((_ft.nones(consts), carry_g, xs_g)), ft_out=_ft.pack((carry_g, ys_g)),
+            )
+        n_in = consts + n_carry + sum(xs) + extra_xs
+        return dict(self.params, jaxpr=jaxpr, num_consts=consts, num_carry=n_carry, **_linear(self.params, n_in))
+
+
+def _linear(params: dict, n: int) -> dict:
+    """``scan``'s ``linear`` for ``n`` new inputs (JAX < 0.10 has and checks it).
+
+    All False is always sound: it only enables a transposition shortcut.
+    """
+    return {"linear": (False,) * n} if "linear" in params else {}
+
+
+# -- tracers and traces -------------------------------------------------------
+def trace_of(x: Any):
+    """The trace a tracer belongs to (``None`` for a concrete value)."""
+    return x._trace if isinstance(x, core.Tracer) else None
+
+
+def const_of(trace, x: Any) -> Any:
+    """The constant a tracer of ``trace`` merely holds, else ``None``."""
+    if isinstance(x, core.Tracer) and x._trace is trace:
+        return trace.get_const(x)
+    return None
 
 
 def core_trace():
@@ -170,32 +369,9 @@ def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
         return _bind(prim, core.eval_trace if trace is None else trace, tuple(args), params)
 
 
-def trace_of(x: core.Tracer):
-    """The trace ``x`` belongs to."""
-    return x._trace
-
-
 def policy_of(x: Any):
     """The folding policy of the :class:`StagingTrace` that made ``x``, else None."""
-    return getattr(x._trace, "policy", None) if isinstance(x, core.Tracer) else None
-
-
-def known_const(trace, x: Any):
-    """The constant a tracer of ``trace`` merely holds, else None."""
-    if isinstance(x, core.Tracer) and getattr(x, "_trace", None) is trace:
-        return trace.get_const(x)
-    return None
-
-
-def unnamed_args(debug_info, n: int):
-    """``debug_info`` (may be None) for a jaxpr with ``n`` unnamed binders
-    (JAX 0.7 needs a tuple of names here, not None)."""
-    return debug_info._replace(arg_names=("",) * n) if debug_info else None
-
-
-def staged_const(trace, x: core.Tracer):
-    """The constant the staged output ``x`` holds (JAX forwarded or folded it), else None."""
-    return trace.get_const(x)
+    return getattr(trace_of(x), "policy", None)
 
 
 def at_top_level():
@@ -275,7 +451,7 @@ class StagingTrace(_pe.DynamicJaxprTrace):
 
     def var_to_tracer(self, var, source_info, parent=None):
         aval = var.aval
-        if aval.has_qdd:
+        if getattr(aval, "has_qdd", False):  # JAX <= 0.11.0: mutable arrays' avals
             aval = core.AvalQDD(aval, var.initial_qdd)
         return KnowableTracer(self, aval, var, source_info, parent)
 
@@ -326,8 +502,8 @@ def trace_staging(
     """Trace ``fun`` (flat arrays in, flat list out) into a jaxpr.
 
     Operations whose inputs are all concrete are evaluated on the spot when
-    ``policy`` says so; the rest are staged. Returns the jaxpr (constvars hold
-    the folded values) and the list of those values, as
+    ``policy`` says so; the rest are staged. Returns an open jaxpr whose
+    leading inputs are the folded values, and the list of those values, as
     ``policy.finalize(jaxpr, consts)`` leaves them (it turns deferred known
     work into constants). Mirrors ``partial_eval.trace_to_jaxpr_dynamic``.
 
@@ -350,6 +526,8 @@ def trace_staging(
         # requires resolved result paths here).
         dbg = dbg._replace(result_paths=tuple(f"result[{i}]" for i in range(len(out_tracers))))
         jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
+        # Constants first, as plain inputs: what to_jaxpr returns from JAX 0.11.1.
+        jaxpr = _pe.convert_constvars_jaxpr(jaxpr)
         del trace, in_tracers, out_tracers, ans
     return policy.finalize(jaxpr, list(consts))
 

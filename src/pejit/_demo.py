@@ -76,8 +76,8 @@ def H(x, d: int = 0):
 
     Examples:
       >>> import numpy as np
-      >>> np.asarray(H(np.array([2.0])))
-      array([[ 2.,  4.,  8., 16.]], dtype=float32)
+      >>> np.asarray(H(np.array([2.0]))).tolist()
+      [[2.0, 4.0, 8.0, 16.0]]
     """
     return H_p.bind(x, d=d)
 

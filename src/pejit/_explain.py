@@ -120,7 +120,7 @@ def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
 
     jaxpr, consts = _compat.trace_staging(flat_fun, avals, _StageAll(), name="explain")
     # Values Python asked for (``if A.sum() > 0``) leave dead equations behind.
-    return ClosedJaxpr(*_compat.prune(jaxpr, consts))
+    return _compat.close_jaxpr(*_compat.prune(jaxpr, consts))
 
 
 __all__ = ["explain"]

@@ -321,9 +321,11 @@ class Folder:
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """Turn the known values the residual ``jaxpr`` uses into constants.
 
-        Equations recorded as folds are dropped; those of their outputs that
-        live equations (or the outputs) use become constvars, materialized
-        in one batch. Lazy expansions stay, as do effectful equations.
+        ``jaxpr`` is open: its leading inputs are ``consts``. Equations
+        recorded as folds are dropped; those of their outputs that live
+        equations (or the outputs) use become new constant inputs (after
+        ``consts``), materialized in one batch. Lazy expansions stay, as do
+        effectful equations.
         """
         live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
         kept, needed = [], []
@@ -338,8 +340,9 @@ class Folder:
         needed.reverse()
         values = self._materialize(needed)
         kept.reverse()
-        jaxpr = jaxpr.replace(constvars=[*jaxpr.constvars, *needed], eqns=kept)
-        return jaxpr, [*consts, *values]
+        n = len(consts)
+        invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
+        return _compat.with_invars(jaxpr.replace(eqns=kept), invars), [*consts, *values]
 
     # -- cheap expansions -------------------------------------------------
     def _stays_lazy(self, prim, args, avals, out_avals) -> bool:
@@ -368,7 +371,7 @@ class Folder:
 
     def _known_value(self, trace, x):
         """Unwrap tracers of ``trace`` that merely hold a constant."""
-        const = _compat.known_const(trace, x)
+        const = _compat.const_of(trace, x)
         return x if const is None else const
 
     # -- deferred evaluation ---------------------------------------------
@@ -382,7 +385,7 @@ class Folder:
         # JAX's staging may forward an input or fold a literal instead of
         # emitting an equation; such outputs already know their value.
         outvars = tuple(
-            o.val if _compat.staged_const(trace, o) is None and self._var(o) is None else None
+            o.val if _compat.const_of(trace, o) is None and self._var(o) is None else None
             for o in out_list
         )
         if any(v is not None for v in outvars):

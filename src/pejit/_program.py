@@ -35,13 +35,14 @@ class Program:
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "out_tree", "stats", "fallbacks", "run", "folding_program")
+    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program")
 
     def __init__(
-        self, jaxpr, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
+        self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
         folding_program: FoldingProgram | None,
     ):
-        self.jaxpr = jaxpr  # the residual jaxpr; its constvars are the folded constants
+        self.jaxpr = jaxpr  # the open residual jaxpr; its first nconsts inputs are the folded constants
+        self.nconsts = nconsts
         self.out_tree = out_tree
         self.stats = stats  # what the trace folded, for the reports of its specializations
         self.fallbacks = fallbacks
@@ -118,7 +119,7 @@ class Specialization:
     def residual(self) -> Residual:
         if self._residual is None:
             program = self.program
-            closed = ClosedJaxpr(program.jaxpr, self.consts)
+            closed = _compat.close_jaxpr(program.jaxpr, self.consts)
             report = FoldReport.build(program.stats, closed, self.fold_seconds, fallbacks=program.fallbacks)
             self._residual = Residual(closed, report, program.stats)
         return self._residual
@@ -142,15 +143,14 @@ def has_control_flow(jaxpr) -> bool:
     return False
 
 
-def runner(jaxpr, out_tree) -> Callable:
-    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating a residual jaxpr.
+def runner(jaxpr, nconsts: int, out_tree) -> Callable:
+    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating an open residual jaxpr.
 
-    ``jaxpr``'s constvars (the folded constants) become leading arguments, so
-    they reach XLA as buffers, not as HLO literals; flat rather than in one
-    list, which ``jax.jit``'s dispatch would flatten on every call.
+    ``jaxpr``'s first ``nconsts`` inputs (the folded constants) are leading
+    arguments, so they reach XLA as buffers, not as HLO literals; flat rather
+    than in one list, which ``jax.jit``'s dispatch would flatten on every call.
     """
-    nconsts = len(jaxpr.constvars)
-    fun = jaxpr_as_fun(ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ()))
+    fun = jaxpr_as_fun(_compat.close_jaxpr(jaxpr, ()))
     # An output that is a literal (a folded Python scalar) comes back from the
     # interpreter as that scalar; jax.jit would return an array.
     literal_outs = {

@@ -19,6 +19,7 @@ from typing import Any
 
 from jax.extend.core import Literal
 
+from ._compat import is_drop_var
 from ._flops import eqn_flops, jaxpr_flops
 from ._folding import FoldStats, nbytes
 
@@ -293,7 +294,7 @@ def format_jaxpr(closed_jaxpr) -> tuple[str, list[str], str]:
     names: dict[Any, str] = {}
 
     def bind(v):
-        names[v] = "_" if type(v).__name__ == "DropVar" else next(fresh)
+        names[v] = "_" if is_drop_var(v) else next(fresh)
         return f"{names[v]}:{_type(v.aval)}"
 
     def use(v):

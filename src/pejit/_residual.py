@@ -61,7 +61,7 @@ class Residual:
 
     def open_jaxpr(self):
         """The jaxpr with the folded constants as leading inputs."""
-        return _compat.convert_constvars_jaxpr(self.jaxpr.jaxpr)
+        return _compat.open_jaxpr(self.jaxpr)[0]
 
 
 def fold(
@@ -100,7 +100,7 @@ def fold(
     for c in consts:  # folding is only done when its results are
         jax.block_until_ready(c)
     seconds = time.perf_counter() - start
-    closed = ClosedJaxpr(jaxpr, consts)
+    closed = _compat.close_jaxpr(jaxpr, consts)
     report = FoldReport.build(
         folder.stats, closed, seconds, before=before, known_invars=known_invars, fallbacks=fallbacks
     )
@@ -174,11 +174,13 @@ def _inline_scalars(jaxpr, consts):
 
     A literal is visible to XLA (e.g. ``x * 1.0`` simplifies) and costs no
     argument; an array constant is passed as a device buffer, so its size
-    never reaches the HLO text or compile time.
+    never reaches the HLO text or compile time. ``jaxpr`` is open, its
+    leading inputs the constants.
     """
     outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # stay arrays
+    constvars = jaxpr.invars[: len(consts)]
     literals = {}
-    for var, c in zip(jaxpr.constvars, consts):
+    for var, c in zip(constvars, consts):
         scalar = np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended)
         # An abstract constant differs per specialization: it stays an input.
         if scalar and var not in outputs and not is_abstract(c):
@@ -190,9 +192,9 @@ def _inline_scalars(jaxpr, consts):
         return [literals.get(a, a) if isinstance(a, _compat.Var) else a for a in atoms]
 
     eqns = [e.replace(invars=sub(e.invars)) for e in jaxpr.eqns]
-    kept = [(v, c) for v, c in zip(jaxpr.constvars, consts) if v not in literals]
-    jaxpr = jaxpr.replace(constvars=[v for v, _ in kept], eqns=eqns)
-    return jaxpr, [c for _, c in kept]
+    kept = [(v, c) for v, c in zip(constvars, consts) if v not in literals]
+    invars = [*(v for v, _ in kept), *jaxpr.invars[len(consts):]]
+    return _compat.with_invars(jaxpr.replace(eqns=eqns), invars), [c for _, c in kept]
 
 
 def _to_device(c):

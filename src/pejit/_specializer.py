@@ -96,7 +96,8 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
         flat_fun = bind_constants(info, where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
         residual = fold(flat_fun, avals, info.fold_options, name=info.name, retry_eager_bodies=False)
-        traced["jaxpr"] = residual.jaxpr.jaxpr
+        traced["jaxpr"] = residual.open_jaxpr()
+        traced["nconsts"] = len(residual.consts)
         traced["stats"] = residual.stats
         return place(info, residual.consts, jax.lax.with_sharding_constraint)
 
@@ -111,8 +112,9 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         # with abstract constants they would hoist less. Fold each value.
         return PerValue("control flow left in the residual is specialized per value"), None
     consts = program.evaluate(*arrays)
-    run = make_runner(info, layout, traced["jaxpr"], out_trees[-1])
-    return Program(traced["jaxpr"], out_trees[-1], traced["stats"], (), run, program), consts
+    jaxpr, nconsts = traced["jaxpr"], traced["nconsts"]
+    run = make_runner(info, layout, jaxpr, nconsts, out_trees[-1])
+    return Program(jaxpr, nconsts, out_trees[-1], traced["stats"], (), run, program), consts
 
 
 def specialize_per_value(
@@ -130,8 +132,9 @@ def specialize_per_value(
     )
     folded = residual.consts
     consts = place(info, folded, jax.device_put)
-    run = make_runner(info, layout, residual.jaxpr.jaxpr, out_trees[-1])
-    program = Program(residual.jaxpr.jaxpr, out_trees[-1], residual.stats, (note,), run, None)
+    jaxpr, nconsts = residual.open_jaxpr(), len(folded)
+    run = make_runner(info, layout, jaxpr, nconsts, out_trees[-1])
+    program = Program(jaxpr, nconsts, out_trees[-1], residual.stats, (note,), run, None)
     return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
 
@@ -147,10 +150,10 @@ def place(info: PejitInfo, consts: list, put: Callable) -> list:
     return out
 
 
-def make_runner(info: PejitInfo, layout: Layout, jaxpr, out_tree) -> Callable:
-    run = runner(jaxpr, out_tree)
+def make_runner(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree) -> Callable:
+    run = runner(jaxpr, nconsts, out_tree)
     if info.jit:
-        run = jax.jit(run, **jit_kwargs_for(info, layout, len(jaxpr.constvars)))
+        run = jax.jit(run, **jit_kwargs_for(info, layout, nconsts))
     return run
 
 

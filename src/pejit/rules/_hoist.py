@@ -47,7 +47,7 @@ def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool
     if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
         return None  # defensive: replaying must not change the body's type
     stats.hoisted.update(stats.folded - before[0])
-    new_body = ClosedJaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
+    new_body = _compat.close_jaxpr(jaxpr, ())
     return new_body, [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
 
 

@@ -7,7 +7,6 @@ the known work in each branch is hoisted out and folded.
 from __future__ import annotations
 
 import numpy as np
-from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
 from .._folding import Folder, replay
@@ -51,9 +50,7 @@ def hoist_branches(folder: Folder, trace, prim, index, operands, params):
         invars = []
         for j, cs in enumerate(consts):  # unused binders for the other branches' values
             invars += own if j == i else [_compat.Var(_compat.typeof(c)) for c in cs]
-        invars = [*invars, *rest]
-        dbg = _compat.unnamed_args(jaxpr.debug_info, len(invars))
-        branches.append(ClosedJaxpr(jaxpr.replace(invars=invars, debug_info=dbg), ()))
+        branches.append(_compat.close_jaxpr(_compat.with_invars(jaxpr, [*invars, *rest]), ()))
     args = [index, *(c for cs in consts for c in cs), *dynamic]
     folder.stats.staged[prim.name] += 1
     return trace.stage(prim, args, dict(params, branches=tuple(branches)))

@@ -6,8 +6,7 @@ them whole when all their inputs are known (``Folder.call_inputs``).
 
 from __future__ import annotations
 
-from jax.extend.core import ClosedJaxpr
-
+from .. import _compat
 from .._folding import Folder, replay
 from ._hoist import hoist
 
@@ -37,7 +36,7 @@ def fold_checkpoint(folder: Folder, trace, prim, args, params):
     """
     if not folder.options.calls or all(folder.is_known(a) for a in args):
         return NotImplemented
-    hoisted = hoist(folder, ClosedJaxpr(params["jaxpr"], ()), args)
+    hoisted = hoist(folder, _compat.close_jaxpr(params["jaxpr"], ()), args)
     if hoisted is None:
         return NotImplemented
     body, args = hoisted

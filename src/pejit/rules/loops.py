@@ -43,7 +43,8 @@ def fold_scan(folder: Folder, trace, prim, args, params):
     """Hoist known work out of a ``scan`` with some unknown inputs."""
     if not folder.options.loops or all(folder.is_known(a) for a in args):
         return NotImplemented
-    n_consts = params["num_consts"]
+    scan = _compat.ScanParams(params)
+    n_consts = scan.num_consts
     consts, rest = args[:n_consts], args[n_consts:]
     hoisted = hoist_consts(folder, params["jaxpr"], consts)
     n_known = 0
@@ -51,7 +52,7 @@ def fold_scan(folder: Folder, trace, prim, args, params):
         body, new_consts = hoisted
         n_known = len(new_consts) - sum(isinstance(c, _compat.Tracer) for c in consts)
         args = [*new_consts, *rest]
-        params = dict(params, jaxpr=body, num_consts=len(new_consts), **_linear(params, len(args)))
+        params = scan.with_consts(body, len(new_consts))
     outs = _split_scan(folder, trace, prim, args, params, n_known)
     if outs is not None:
         return outs
@@ -67,7 +68,8 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     ._scan_partial_eval``, with the known loop evaluated now.
     """
     body: ClosedJaxpr = params["jaxpr"]
-    n_consts, n_carry, length = params["num_consts"], params["num_carry"], params["length"]
+    scan = _compat.ScanParams(params)
+    n_consts, n_carry, length = scan.num_consts, scan.num_carry, params["length"]
     n_ys = len(body.out_avals) - n_carry
     init, xs = args[n_consts : n_consts + n_carry], args[n_consts + n_carry :]
     const_uk = [i >= n_known_consts for i in range(n_consts)]
@@ -96,8 +98,9 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     unknown_ins = [a for a, uk in zip(args, unknowns) if uk]
     n_known_carry = carry_uk.count(False)
     n_known_outs = len(jk.out_avals) - len(res_avals)
-    known_params = dict(
-        params, jaxpr=jk, num_consts=n_known_consts, num_carry=n_known_carry, **_linear(params, len(known_ins))
+    ys_uk = out_uk[n_carry:]
+    known_params = scan.split(
+        jk, consts=n_known_consts, carry=_not(carry_uk), xs=_not(xs_uk), ys=_not(ys_uk), extra_ys=len(res_avals)
     )
     known_outs = _fold_now(folder, trace, prim, known_ins, known_params)
     known_outs, stacked = known_outs[:n_known_outs], iter(known_outs[n_known_outs:])
@@ -108,9 +111,8 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     ju = _compat.move_binders_to_back(ju, per_iter + [False] * len(unknown_ins))
     int_res = [r for r, p in zip(residuals, per_iter) if not p]
     ext_res = [r for r, p in zip(residuals, per_iter) if p]
-    unknown_params = dict(
-        params, jaxpr=ju, num_consts=len(int_res) + sum(const_uk), num_carry=sum(carry_uk),
-        **_linear(params, len(int_res) + len(unknown_ins) + len(ext_res)),
+    unknown_params = scan.split(
+        ju, consts=len(int_res) + sum(const_uk), carry=carry_uk, xs=xs_uk, ys=ys_uk, extra_xs=len(ext_res)
     )
     folder.stats.staged[prim.name] += 1
     unknown_outs = trace.stage(prim, [*int_res, *unknown_ins, *ext_res], unknown_params)
@@ -187,12 +189,8 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
     return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
 
 
-def _linear(params: dict, n: int) -> dict:
-    """``scan``'s ``linear`` for ``n`` new inputs (JAX < 0.10 has and checks it).
-
-    All False is always sound: it only enables a transposition shortcut.
-    """
-    return {"linear": (False,) * n} if "linear" in params else {}
+def _not(mask: Sequence[bool]) -> list[bool]:
+    return [not m for m in mask]
 
 
 def _fold_now(folder: Folder, trace, prim, args, params) -> list:
