@@ -15,15 +15,14 @@ import functools
 import operator
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from . import _compat
-from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, Caches
+from ._cache import CacheInfo, Caches
 from ._dispatch import Layout, dispatcher, straight_line
-from ._folding import FoldOptions
 from ._info import fixed_positions, parse_pejit_arguments, split_call
 from ._keys import TracedConstant, constant_key, dynamic_key, watched
 from ._program import Specialization
@@ -71,7 +70,8 @@ class Pejitted:
     entries (:data:`DEFAULT_CACHE_SIZE` by default, ``None`` for unbounded);
     one keyed on a ``jax.Array`` constant is dropped when that array dies.
     ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
-    ``report`` summarizes a specialization.
+    ``report`` summarizes a specialization. ``info`` holds the options,
+    parsed and checked once (``pejit._info.PejitInfo``).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -88,23 +88,10 @@ class Pejitted:
       {'dot_general': 1}
     """
 
-    def __init__(
-        self,
-        fun: Callable,
-        *,
-        constant_argnums: int | Sequence[int] | None = None,
-        constant_argnames: str | Sequence[str] | None = None,
-        jit: bool = True,
-        fold_options: FoldOptions | None = None,
-        cache_size: int | None = DEFAULT_CACHE_SIZE,
-        constant_shardings: Any = None,
-        **jit_kwargs: Any,
-    ):
-        self.info = parse_pejit_arguments(
-            fun, constant_argnums=constant_argnums, constant_argnames=constant_argnames, jit=jit,
-            fold_options=fold_options, cache_size=cache_size, constant_shardings=constant_shardings, **jit_kwargs,
-        )
-        self._caches = Caches(cache_size)
+    def __init__(self, fun: Callable, **options: Any):
+        # Every option is checked here, once (see :func:`parse_pejit_arguments`).
+        self.info = parse_pejit_arguments(fun, **options)
+        self._caches = Caches(self.info.cache_size)
         self._layouts: dict[int, Layout] = {}
         self._dispatch = lambda *args, **kwargs: self._route(args, kwargs)
         self._lock = threading.RLock()  # layouts, the warning
