@@ -236,7 +236,8 @@ class Pejitted:
         expected = [constant_key(i, v) for i, v in const_pos] + [constant_key(k, v) for k, v in const_kw]
 
         def split(call_args, call_kwargs):
-            c_pos, c_kw, dyn_args, dyn_kwargs = split_call(self.info, call_args, call_kwargs, self._layout(len(call_args)))
+            layout = self._layout(len(call_args))
+            c_pos, c_kw, dyn_args, dyn_kwargs = split_call(self.info, call_args, call_kwargs, layout)
             got = [constant_key(i, v) for i, v in c_pos] + [constant_key(k, v) for k, v in c_kw]
             if got != expected:
                 raise ValueError(
