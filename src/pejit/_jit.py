@@ -186,17 +186,17 @@ class Pejitted:
     def _specialized_call(self, args: tuple, kwargs: dict):
         layout = self._layout(len(args))
         key = self._key(args, kwargs, layout)
-
-        def build():
-            const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
-            with _compat.at_top_level():
-                spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
-            const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
-            return spec, watched(const_leaves)
-
-        spec = self._caches.specialization(key, build)
+        spec = self._caches.specialization(key, self._build, args, kwargs, layout)
         fixed = self.info.fixed_names
         return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
+
+    def _build(self, args: tuple, kwargs: dict, layout: Layout):
+        """A new specialization for this call, and the constants it dies with."""
+        const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
+        with _compat.at_top_level():
+            spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
+        const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
+        return spec, watched(const_leaves)
 
     # -- jax.jit's staged API --------------------------------------------
     def lower(self, *args, **kwargs) -> Lowered:
