@@ -39,6 +39,7 @@ from . import _abstract, _batch, _compat
 from ._batch import nbytes
 from ._primitives import ELEMENTWISE, EXPANSIONS
 
+
 class FoldPolicy(Protocol):
     """What :class:`~pejit._compat.StagingTrace` asks of its policy.
 
