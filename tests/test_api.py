@@ -272,6 +272,19 @@ def test_python_if_on_constant_reduction():
     assert g(-jnp.ones(3), 1.0) == 3.0
 
 
+@pytest.mark.parametrize("convert", [float, complex, int, bool])
+def test_python_number_from_deferred_constant_work(convert):
+    # sin(x) is deferred (not evaluated on the spot), so its sum is a tracer
+    # that only the policy can make concrete; JAX's float() and complex()
+    # do not ask for the concrete value by themselves.
+    def f(x, y):
+        return y * jnp.abs(convert(jnp.sin(x).sum()))
+
+    x = jnp.linspace(0.0, 3.0, 64)
+    want = abs(convert(np.sin(np.linspace(0.0, 3.0, 64, dtype=np.float32)).sum()))
+    np.testing.assert_allclose(pejit(f, constant_argnums=0)(x, 2.0), 2 * want, rtol=1e-5)
+
+
 def test_lazy_expansion_is_concrete_to_python():
     # ones((64, 64)) * c stays in the residual program (it is a cheap
     # expansion), yet Python may still branch on values computed from it.

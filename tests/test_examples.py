@@ -21,6 +21,7 @@ CASES = {
     "linear_solve.py": (["--n", "40", "--repeat", "2"], ["relative residual", "triangular_solve"]),
     "tfc_ode.py": (["--points", "16", "--degree", "6", "--repeat", "2"], ["max error", "per solve"]),
     "pln_fit.py": (["--n", "30", "--p", "3", "--steps", "4"], ["pejit and jax.jit agree", "one ELBO evaluation"]),
+    "multihost.py": (["--rows", "256"], ["process 1: holds 50% of A", "both processes agree"]),
 }
 
 

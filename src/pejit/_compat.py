@@ -406,8 +406,8 @@ def primitive_effects(prim, avals: Sequence[Any], params: dict):
 class KnowableTracer(_pe.DynamicJaxprTracer):
     """A staged value whose concrete value the policy may still know.
 
-    Python control flow (``bool``, ``int``, ``np.asarray``) asks
-    ``to_concrete_value``; lazy known values answer by materializing.
+    Python conversions (``bool``, ``int``, ``float``) ask ``to_concrete_value``,
+    NumPy conversion ``policy.numpy_value``; lazy known values answer by materializing.
     """
 
     __slots__ = ()
@@ -418,10 +418,20 @@ class KnowableTracer(_pe.DynamicJaxprTracer):
     def __array__(self, *args, **kwargs):
         # NumPy conversion (boolean-mask indexing uses it) asks here, not
         # to_concrete_value.
-        value = self.to_concrete_value()
+        value = self._trace.policy.numpy_value(self)
         if value is None:
             return super().__array__(*args, **kwargs)
         return np.asarray(value).__array__(*args, **kwargs)
+
+    # JAX's Tracer.__float__ and __complex__, unlike __bool__ and __int__,
+    # never ask to_concrete_value.
+    def __float__(self):
+        value = self.to_concrete_value()
+        return super().__float__() if value is None else float(value)
+
+    def __complex__(self):
+        value = self.to_concrete_value()
+        return super().__complex__() if value is None else complex(value)
 
 
 class StagingTrace(_pe.DynamicJaxprTrace):

@@ -37,6 +37,7 @@ from jax.extend.core import Primitive
 
 from . import _abstract, _batch, _compat
 from ._batch import nbytes
+from ._multihost import check_fetchable
 from ._primitives import ELEMENTWISE, EXPANSIONS
 
 
@@ -55,8 +56,12 @@ class FoldPolicy(Protocol):
         values (then JAX folds the call) or ``args`` as they are."""
 
     def concrete_value(self, tracer: Any) -> Any:
-        """The value Python asks of a staged ``tracer`` (``bool``,
-        ``np.asarray``), or None if it has none."""
+        """The value Python asks of a staged ``tracer`` (``bool``, ``int``,
+        ``float``), or None if it has none."""
+
+    def numpy_value(self, tracer: Any) -> Any:
+        """The whole array NumPy asks of a staged ``tracer`` (``np.asarray``,
+        boolean masks), or None if it has none."""
 
     def finalize(self, jaxpr: Any, consts: list[Any]) -> tuple[Any, list[Any]]:
         """The traced ``jaxpr`` and its ``consts``, with the known values it
@@ -318,6 +323,12 @@ class Folder:
         value = self.materialize(tracer)
         # An abstract constant has no value yet.
         return None if _abstract.is_abstract(value) else value
+
+    def numpy_value(self, tracer):
+        """Hook for :class:`~pejit._compat.KnowableTracer`: NumPy asks for the whole array."""
+        value = self.concrete_value(tracer)
+        check_fetchable(value)  # sharded across processes: name the user's line
+        return value
 
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """Turn the known values the residual ``jaxpr`` uses into constants.

@@ -1,4 +1,4 @@
-"""The six cases of the suite and its targets.
+"""The seven cases of the suite and its targets.
 
 Steady-state figures are medians of interleaved samples taken in this
 process (the machines are noisy, so every ratio is measured side by side);
@@ -269,7 +269,23 @@ def case6(ctx: Context) -> dict:
     return {"times": times, "ratios": paired_ratios(samples, "jax.jit")}
 
 
-CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6}
+def case7(ctx: Context) -> dict:
+    """multi-host: fold time and per-process peak memory, 1/2/4 processes, one sharded constant."""
+    from . import _multihost
+
+    n = 2048 if ctx.quick else 8192
+    out = {}
+    for processes in (1, 2, 4):
+        rows = _multihost.launch(["-m", "pejit.bench._multihost", str(n)], processes, timeout=600)
+        out[processes] = {key: max(r[key] for r in rows) for key in rows[0] if key != "folded_held_bytes"}
+        row = out[processes]
+        print(f"  {processes} process(es): fold {_s(row['fold_s'])} (peak +{row['fold_peak_bytes'] / 2**20:.0f} MiB), "
+              f"refold {_s(row['refold_s'])} (peak +{row['refold_peak_bytes'] / 2**20:.0f} MiB), "
+              f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+    return {"n": n, "processes": out}
+
+
+CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7}
 
 
 @dataclasses.dataclass
@@ -330,4 +346,9 @@ def targets(results: dict) -> list[Target]:
         out.append(Target("case 6: dispatch overhead <= 1.3x jax.jit's", r <= 1.3,
                           f"{t['pejit'] * 1e6:.1f} us / {t['jax.jit'] * 1e6:.1f} us: {r:.2f}"
                           " (median of ratios paired by round)"))
+    if 7 in results:
+        rows = results[7]["processes"]
+        one, four = rows[1]["fold_peak_bytes"], rows[4]["fold_peak_bytes"]
+        out.append(Target("case 7: per-process memory while folding, 4 processes <= 0.5x 1 process",
+                          four <= 0.5 * one, f"+{four / 2**20:.0f} MiB / +{one / 2**20:.0f} MiB = {four / one:.2f}"))
     return out

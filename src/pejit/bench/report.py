@@ -148,7 +148,24 @@ def _case6(r):
     return rows
 
 
-SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6}
+def _case7(r):
+    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+    lines = [f"## Case 7: multi-host (`jax.distributed`, 2 CPU devices per process; {r['n']} x {r['n']} float32"
+             f" constant row-sharded over all devices)", "",
+             "Fold = first value (traces and compiles the folding program); refold = a second value of the same"
+             " structure, folded by that program; peak = how far the process's RSS rose above its level before"
+             " (high-water mark); peak RSS = over the process's life, JAX's runtime included. Largest over the"
+             " processes.", "",
+             "| processes | constant per process | fold | peak while folding | refold | peak while refolding | peak RSS |",
+             "|---|---|---|---|---|---|---|"]
+    for processes, row in r["processes"].items():
+        lines.append(f"| {processes} | {mib(row['held_bytes'])} of {mib(row['constant_bytes'])} | {_s(row['fold_s'])} | "
+                     f"+{mib(row['fold_peak_bytes'])} | {_s(row['refold_s'])} | +{mib(row['refold_peak_bytes'])} | "
+                     f"{mib(row['peak_rss_bytes'])} |")
+    return lines
+
+
+SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7}
 
 
 def _plots(out: Path, stem: str, results: dict) -> None:
