@@ -18,7 +18,9 @@ import pejit
 ROOT = pathlib.Path(pejit.__file__).parent
 
 #: The API layer: what users call, and what drives it (demo, benchmarks).
-API = {"pejit", "pejit.__main__", "pejit._api", "pejit._jit", "pejit._tfc", "pejit._explain", "pejit._demo"}
+API = {
+    "pejit", "pejit.__main__", "pejit._api", "pejit._jit", "pejit._tfc", "pejit._auto", "pejit._explain", "pejit._demo",
+}
 
 
 def _module_name(path: pathlib.Path) -> str:

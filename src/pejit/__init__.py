@@ -4,6 +4,9 @@ Arguments marked constant are folded at specialization time; the compiled
 program keeps only the work that depends on the dynamic arguments.
 """
 
+from ._auto import AutoCacheInfo as AutoCacheInfo
+from ._auto import AutoPejitted as AutoPejitted
+from ._auto import AutoReport as AutoReport
 from ._cache import DEFAULT_CACHE_SIZE as DEFAULT_CACHE_SIZE
 from ._cache import CacheInfo as CacheInfo
 from ._explain import explain as explain
@@ -22,6 +25,9 @@ from ._residual import specialize_jaxpr as specialize_jaxpr
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoCacheInfo",
+    "AutoPejitted",
+    "AutoReport",
     "BoundPejitted",
     "CacheInfo",
     "DEFAULT_CACHE_SIZE",

@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._auto import AutoPejitted
+from ._auto import options as auto_options
 from ._cache import DEFAULT_CACHE_SIZE
 from ._folding import FoldOptions
 from ._jit import Pejitted
@@ -23,11 +25,14 @@ from ._tfc import BoundPejitted
 def pejit(
     *args: Any,
     constant_arg_nums: Sequence[int] | None = None,
-    constant_argnums: int | Sequence[int] | None = None,
+    constant_argnums: int | Sequence[int] | str | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
     constant_shardings: Any = None,
+    auto_after: int | None = None,
+    auto_demote_after: int | None = None,
+    auto_min_flops: float | None = None,
     **jit_kwargs: Any,
 ):
     """Partially evaluate, then ``jax.jit``, a function with constant arguments.
@@ -52,6 +57,11 @@ def pejit(
     from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
     keeps the placement folding gave it). See ``docs/caching.md``.
 
+    ``constant_argnums="auto"`` folds the array arguments that repeat (the
+    same object on ``auto_after`` calls) when that removes at least
+    ``auto_min_flops`` per call, and otherwise runs ``jax.jit(f)``; see
+    :class:`~pejit.AutoPejitted` and ``docs/auto.md``.
+
     Examples:
       >>> import jax.numpy as jnp
       >>> from pejit import pejit
@@ -64,16 +74,22 @@ def pejit(
       Array([0.5 , 0.25], dtype=float32)
     """
     jit_kwargs = dict(jit_kwargs, cache_size=cache_size, constant_shardings=constant_shardings)
-    return _front("pejit", True, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs)
+    auto = _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops)
+    return _front(
+        "pejit", True, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs, auto
+    )
 
 
 def pe(
     *args: Any,
     constant_arg_nums: Sequence[int] | None = None,
-    constant_argnums: int | Sequence[int] | None = None,
+    constant_argnums: int | Sequence[int] | str | None = None,
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
+    auto_after: int | None = None,
+    auto_demote_after: int | None = None,
+    auto_min_flops: float | None = None,
 ):
     """Partially evaluate a function with constant arguments, without jitting.
 
@@ -89,11 +105,25 @@ def pe(
     """
     return _front(
         "pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options,
-        {"cache_size": cache_size},
+        {"cache_size": cache_size}, _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops),
     )
 
 
-def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs):
+def _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops) -> dict | None:
+    return auto_options(constant_argnums, auto_after=auto_after, auto_demote_after=auto_demote_after,
+                   auto_min_flops=auto_min_flops)
+
+
+def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs,
+           auto=None):
+    if auto is not None:
+        if constant_arg_nums is not None or constant_argnames is not None:
+            raise TypeError(
+                f"{name}: constant_argnums='auto' watches every array argument; it takes no "
+                "constant_arg_nums or constant_argnames"
+            )
+        make = functools.partial(AutoPejitted, jit=jit, fold_options=fold_options, **auto, **jit_kwargs)
+        return _apply(name, make, args)
     if constant_arg_nums is not None:
         if constant_argnums is not None or constant_argnames is not None:
             raise TypeError(
@@ -111,6 +141,10 @@ def _front(name, jit, args, constant_arg_nums, constant_argnums, constant_argnam
         Pejitted, constant_argnums=constant_argnums, constant_argnames=constant_argnames,
         jit=jit, fold_options=fold_options, **jit_kwargs,
     )
+    return _apply(name, make, args)
+
+
+def _apply(name: str, make: Callable, args: tuple):
     if not args:
         return make
     if len(args) == 1 and callable(args[0]):

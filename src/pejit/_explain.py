@@ -79,6 +79,10 @@ def explain(
       >>> r.flops_removed > r.flops_residual
       True
     """
+    explains_itself = getattr(type(fun), "__pejit_explain__", None)  # AutoPejitted
+    if explains_itself is not None:
+        _no_constants_given(constant_argnums, constant_argnames, fold_options)
+        return explains_itself(fun, *args, **kwargs)
     if isinstance(fun, BoundPejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
         core, full_args = core_call(fun, args)

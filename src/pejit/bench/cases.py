@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import statistics
 import sys
+import time
 from typing import Any
 
 import jax
@@ -283,9 +285,86 @@ def case7(ctx: Context) -> dict:
               f"refold {_s(row['refold_s'])} (peak +{row['refold_peak_bytes'] / 2**20:.0f} MiB), "
               f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
     return {"n": n, "processes": out}
+def _loop_seconds(make, calls: list[tuple]) -> float:
+    """Seconds for a fresh function from ``make()`` to run ``calls``, compiles included.
+
+    JAX's caches are cleared first, so every loop starts cold, as a new
+    process would (the generic program of ``constant_argnums="auto"`` would
+    otherwise find ``jax.jit``'s compiled program of an earlier round).
+    """
+    jax.clear_caches()
+    fn = make()
+    start = time.perf_counter()
+    for args in calls:
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return time.perf_counter() - start
 
 
-CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7}
+def case8(ctx: Context) -> dict:
+    """auto: a loop of loss(params, X, y), X 2000x500 fixed, cholesky(X.T @ X + l I) inside."""
+    X, y = programs.ridge_data()
+    X, y = jnp.asarray(X), jnp.asarray(y)
+    X2 = X + 0  # the same values, another object
+    rng = np.random.default_rng(1)
+    params = [jnp.asarray(rng.standard_normal(X.shape[1]).astype(np.float32)) for _ in range(200)]
+    loss = programs.ridge_loss
+    makers = {
+        "auto": lambda: pejit(loss, constant_argnums="auto"),
+        "explicit": lambda: pejit(loss, constant_argnums=(1, 2)),
+    }
+    fixed = [(p, X, y) for p in params]
+    def promoted(make):  # the third call: auto has folded by then
+        fn = make()
+        return [fn(p, X, y) for p in params[:3]][-1]
+
+    errors = _max_error({k: functools.partial(promoted, m) for k, m in makers.items()}
+                        | {"jax.jit": lambda: jax.jit(loss)(params[2], X, y)}, "jax.jit")
+    # Rounds of fresh, cold loops, the order rotating: totals paired by round.
+    loops = {k: [] for k in makers}
+    for r in range(2 if ctx.quick else 5):
+        names = list(makers)
+        for k in names[r % len(names):] + names[: r % len(names)]:
+            loops[k].append(_loop_seconds(makers[k], fixed))
+        print("  round " + ", ".join(f"{k} {_s(v[-1])}" for k, v in loops.items()), flush=True)
+    loops["jax.jit"] = [_loop_seconds(lambda: jax.jit(loss), fixed)]  # minutes: one loop
+    # Alternating two X objects: auto must not thrash (cold loops, paired).
+    calls = 20 if ctx.quick else 50
+    alternating = [(params[i], X if i % 2 else X2, y) for i in range(calls)]
+    alt = {"auto": [], "jax.jit": []}
+    for r in range(5 if ctx.quick else 9):
+        for k in (("auto", "jax.jit") if r % 2 else ("jax.jit", "auto")):
+            make = makers["auto"] if k == "auto" else (lambda: jax.jit(loss))
+            alt[k].append(_loop_seconds(make, alternating))
+    # Steady state per call, once the decisions are made: after promotion
+    # (auto against explicit), and where folding removes nothing (against jax.jit).
+    steady = {}
+    for name, pairs in (("promoted", {"auto": makers["auto"](), "explicit": makers["explicit"]()}),
+                        ("plain", {"auto": pejit(programs.plain_loss, constant_argnums="auto"),
+                                   "jax.jit": jax.jit(programs.plain_loss)})):
+        for fn in pairs.values():
+            for p in params[:8]:
+                fn(p, X, y)
+        cycle = {k: itertools.cycle(params[:7]) for k in pairs}
+        fns = {k: (lambda fn=fn, c=cycle[k]: fn(next(c), X, y)) for k, fn in pairs.items()}
+        steady[name] = rounds(fns, min_seconds=ctx.min_seconds, repeat=ctx.rounds)
+    auto = pairs["auto"]
+    return {
+        "calls": len(fixed), "loops": loops, "totals": {k: statistics.median(v) for k, v in loops.items()},
+        "ratios": {k: statistics.median(a / b for a, b in zip(v, loops["explicit"])) for k, v in loops.items()
+                   if k in makers},
+        "alternating_calls": calls, "alternating": {k: statistics.median(v) for k, v in alt.items()},
+        "alternating_ratio": statistics.median(a / b for a, b in zip(alt["auto"], alt["jax.jit"])),
+        "promoted": {k: statistics.median(v) for k, v in steady["promoted"].items()},
+        "promoted_ratio": paired_ratios(steady["promoted"], "explicit")["auto"],
+        "plain": {k: statistics.median(v) for k, v in steady["plain"].items()},
+        "plain_ratio": paired_ratios(steady["plain"], "jax.jit")["auto"],
+        "decisions": {str(k): v for k, v in auto.decisions().items()},
+        "max_abs_error": errors,
+    }
+
+
+CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8}
 
 
 @dataclasses.dataclass
@@ -351,4 +430,21 @@ def targets(results: dict) -> list[Target]:
         one, four = rows[1]["fold_peak_bytes"], rows[4]["fold_peak_bytes"]
         out.append(Target("case 7: per-process memory while folding, 4 processes <= 0.5x 1 process",
                           four <= 0.5 * one, f"+{four / 2**20:.0f} MiB / +{one / 2**20:.0f} MiB = {four / one:.2f}"))
+    if 8 in results:
+        r = results[8]
+        t = r["totals"]
+        out.append(Target("case 8: auto total <= 1.1x explicit constant_argnums", r["ratios"]["auto"] <= 1.1,
+                          f"{_s(t['auto'])} / {_s(t['explicit'])}: {r['ratios']['auto']:.2f}"
+                          f" ({r['calls']} calls, cold; median of ratios paired by round)"))
+        speedup = t["jax.jit"] / t["auto"]
+        out.append(Target("case 8: auto >= 10x faster than jax.jit", speedup >= 10,
+                          f"{_s(t['jax.jit'])} / {_s(t['auto'])} = {speedup:.0f}x"))
+        a = r["alternating"]
+        out.append(Target("case 8: alternating two X objects, auto <= 1.1x jax.jit", r["alternating_ratio"] <= 1.1,
+                          f"{_s(a['auto'])} / {_s(a['jax.jit'])}: {r['alternating_ratio']:.3f}"
+                          f" ({r['alternating_calls']} calls, cold; paired)"))
+        p = r["plain"]
+        out.append(Target("case 8: nothing to fold, auto <= 1.05x jax.jit per call", r["plain_ratio"] <= 1.05,
+                          f"{p['auto'] * 1e6:.1f} us / {p['jax.jit'] * 1e6:.1f} us: {r['plain_ratio']:.3f}"
+                          " (median of ratios paired by round)"))
     return out

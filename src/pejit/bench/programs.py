@@ -176,3 +176,23 @@ def cos_matvec(A, x):
 # -- case 6: dispatch ----------------------------------------------------------
 def tiny(c, x):
     return c * x + 1.0
+
+
+# -- case 7: automatic constants ------------------------------------------------
+def ridge_loss(params, X, y, lam: float = 0.1):
+    """A preconditioned least-squares loss: ``cholesky(X.T @ X + lam I)`` depends on ``X`` only."""
+    L = jnp.linalg.cholesky(X.T @ X + lam * jnp.eye(X.shape[1], dtype=X.dtype))
+    z = jax.scipy.linalg.solve_triangular(L, X.T @ (X @ params - y), lower=True)
+    return jnp.sum(z**2)
+
+
+def plain_loss(params, X, y):
+    """Nothing depends on ``X`` or ``y`` alone: folding removes nothing."""
+    return jnp.sum(jnp.tanh(X @ params - y) ** 2)
+
+
+def ridge_data(n: int = 2000, p: int = 500, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = (rng.standard_normal((n, p)) / np.sqrt(n)).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    return X, y

@@ -165,7 +165,24 @@ def _case7(r):
     return lines
 
 
-SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7}
+def _case8(r):
+    t = r["totals"]
+    rows = [f"## Case 8: automatic constants (`constant_argnums=\"auto\"`), {r['calls']} calls of `ridge_loss`", "",
+            "Each loop starts cold (`jax.clear_caches()`, a fresh function): compiles and folds are in the totals.", "",
+            "| variant | total | / explicit constant_argnums |", "|---|---|---|"]
+    rows += [f"| {k} | {_s(v)} | {v / t['explicit']:.2f} |" for k, v in t.items()]
+    a, p, q = r["alternating"], r["plain"], r["promoted"]
+    rows += ["", f"After promotion, per call: auto {_s(q['auto'])}, explicit {_s(q['explicit'])} "
+             f"(paired ratio {r['promoted_ratio']:.3f}).",
+             "", f"Alternating two `X` objects, {r['alternating_calls']} calls: auto {_s(a['auto'])}, "
+             f"jax.jit {_s(a['jax.jit'])} (paired ratio {r['alternating_ratio']:.3f}).", "",
+             f"Nothing to fold (`plain_loss`), per call: auto {p['auto'] * 1e6:.1f} us, jax.jit "
+             f"{p['jax.jit'] * 1e6:.1f} us (paired ratio {r['plain_ratio']:.3f}); decisions: {r['decisions']}", "",
+             f"Max abs difference from jax.jit (third call), relative: {r['max_abs_error']}"]
+    return rows
+
+
+SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8}
 
 
 def _plots(out: Path, stem: str, results: dict) -> None:

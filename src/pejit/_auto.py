@@ -1,0 +1,522 @@
+"""``constant_argnums="auto"``: fold the arguments that repeat, unannotated.
+
+A training or solver loop calls ``loss(params, X, y)`` thousands of times
+with the same ``X`` and ``y`` objects; ``jax.jit`` recomputes whatever
+depends only on them on every call. :class:`AutoPejitted` watches the calls
+instead of asking which arguments are fixed:
+
+* it runs a *generic* program, ``jax.jit(f)`` itself (``f`` for ``pe``),
+  until an array argument has been the *same immutable object* (a
+  ``jax.Array``, or a NumPy array nobody can write) on ``auto_after``
+  consecutive calls;
+* it then estimates, on the jaxpr, the FLOPs per call that folding that
+  argument would remove (:func:`removed_flops`) and promotes it to a constant
+  of a :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``;
+* calls whose promoted arguments are those same objects (an O(1) identity
+  guard, through weak references) go to the ``Pejitted``; any other call
+  goes to the generic program, never to a new fold. An argument that changes
+  more than ``auto_demote_after`` times is demoted for good, so alternating
+  inputs never thrash.
+
+Once every argument is decided, the call is a generated function: an
+identity check per promoted argument, then the ``Pejitted``; or, when
+nothing is promoted, ``jax.jit``'s own callable, so a function pejit could
+not help costs exactly what ``jax.jit`` costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import operator
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+from jax.extend.core import primitives as P
+
+from . import _argnums, _compat
+from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
+from ._explain import explain
+from ._flops import eqn_flops
+from ._jit import Pejitted
+from ._keys import _immutable
+from ._report import FoldReport
+
+#: The default ``auto_min_flops``: promotion costs one fold and one compile
+#: (tens of milliseconds here), and removing 2e6 FLOPs per call saves about
+#: 0.2 ms per call on this machine's CPU (measured, see docs/auto.md), so a
+#: promotion pays for itself within a few hundred calls; below that, the
+#: saving drowns in dispatch noise.
+DEFAULT_MIN_FLOPS = 2e6
+
+WATCHING, PROMOTED, DEMOTED, DYNAMIC = "watching", "promoted", "demoted", "kept dynamic"
+
+_CALLS = (_compat.jit_p, P.closed_call_p)
+
+
+@dataclasses.dataclass
+class Decision:
+    """What pejit decided about one argument (a position or a keyword), and why."""
+
+    state: str = WATCHING
+    why: str = ""
+    ref: Any = dataclasses.field(default=None, repr=False)  # weakref to the last object seen
+    streak: int = 0  # consecutive calls with that object
+    changes: int = 0  # calls whose object differed from the previous call's
+
+
+class AutoCacheInfo(CacheInfo):
+    """:class:`~pejit.CacheInfo` of the promoted specializations, plus the auto counters.
+
+    Unpacks as the four fields of ``CacheInfo``; ``promotions``,
+    ``demotions`` and ``generic_calls`` (calls served by the generic
+    program) are attributes.
+    """
+
+    promotions: int
+    demotions: int
+    generic_calls: int
+
+    def __new__(cls, info: CacheInfo, promotions: int, demotions: int, generic_calls: int):
+        self = super().__new__(cls, *info)
+        self.promotions, self.demotions, self.generic_calls = promotions, demotions, generic_calls
+        return self
+
+    def __repr__(self) -> str:
+        return (f"AutoCacheInfo(hits={self.hits}, misses={self.misses}, maxsize={self.maxsize}, "
+                f"currsize={self.currsize}, promotions={self.promotions}, demotions={self.demotions}, "
+                f"generic_calls={self.generic_calls})")
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoReport:
+    """What an automatic-constants function decided, and the fold it uses for a call.
+
+    ``arguments`` maps each watched argument (position or keyword) to
+    ``(state, why)``; ``fold`` is the :class:`~pejit.FoldReport` of the
+    specialization these arguments run (``None`` when they run the generic
+    program). Other attributes are the fold's (``r.residual``,
+    ``r.flops_removed``, ...).
+    """
+
+    arguments: dict
+    fold: FoldReport | None
+
+    def __getattr__(self, name: str) -> Any:
+        if self.fold is None:
+            raise AttributeError(f"{name}: these arguments run the generic program (nothing folded)")
+        return getattr(self.fold, name)
+
+    def __str__(self) -> str:
+        lines = [f"argument {k!r}: {state} ({why})" for k, (state, why) in self.arguments.items()]
+        lines.append(str(self.fold) if self.fold is not None else "this call runs the generic program (jax.jit)")
+        return "\n".join(lines)
+
+
+class AutoPejitted:
+    """A function that promotes repeated array arguments to folded constants.
+
+    Made by ``pejit(f, constant_argnums="auto")`` (or ``pe``); see the module
+    docstring and docs/auto.md for the decision rule. Results, errors and
+    transformations are ``jax.jit``'s: until an argument is promoted, and for
+    every call whose promoted arguments changed, the call *is* ``jax.jit(f)``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> def loss(w, X):
+      ...     return jnp.sum(jnp.linalg.cholesky(X.T @ X) @ w)
+      >>> f = pejit(loss, constant_argnums="auto", auto_min_flops=0)
+      >>> X = 2 * jnp.eye(3)
+      >>> [float(f(w, X)) for w in (jnp.ones(3), jnp.zeros(3), jnp.ones(3))]  # X folded from the 2nd call
+      [6.0, 0.0, 6.0]
+      >>> f.cache_info().promotions
+      1
+      >>> f.decisions()[1][0]
+      'promoted'
+    """
+
+    def __init__(
+        self,
+        fun: Callable,
+        *,
+        auto_after: int = 2,
+        auto_demote_after: int = 3,
+        auto_min_flops: float | None = None,
+        jit: bool = True,
+        fold_options: Any = None,
+        cache_size: int | None = DEFAULT_CACHE_SIZE,
+        constant_shardings: Any = None,
+        **jit_kwargs: Any,
+    ):
+        self._pejit_kwargs = dict(jit=jit, fold_options=fold_options, cache_size=cache_size,
+                                  constant_shardings=constant_shardings, **jit_kwargs)
+        # Built now: Pejitted validates the function and every option (jax.jit's keywords too).
+        plain = Pejitted(fun, **self._pejit_kwargs)
+        self._special: dict[tuple, Pejitted] = {(): plain}
+        self._fun, self._name, self._jit = fun, plain.info.name, jit
+        self._after, self._demote_after = auto_after, auto_demote_after
+        self._min_flops = DEFAULT_MIN_FLOPS if auto_min_flops is None else auto_min_flops
+        self._generic = jax.jit(fun, **jit_kwargs) if jit else fun
+        sig = _argnums.signature(fun)
+        nargs = _argnums.positional_count(sig)
+        fixed = [
+            _argnums.resolve(nums, sig, _argnums.check_argnums(nums, jit_kwargs.get(nums), nargs),
+                             _argnums.check_argnames(names, jit_kwargs.get(names)))
+            for nums, names in (("static_argnums", "static_argnames"), ("donate_argnums", "donate_argnames"))
+        ]
+        # Static arguments are keyed by value anyway, donated ones are consumed.
+        self._excluded_nums = frozenset().union(*(f[0] for f in fixed))
+        self._excluded_names = frozenset().union(*(f[1] for f in fixed))
+        self._static_nums, self._static_names = fixed[0]
+        self._decisions: dict[int | str, Decision] = {}
+        self._promoted: tuple = ()  # keys, positions first, then names
+        self._estimates: dict = {}
+        self._lock = threading.RLock()
+        self.promotions = self.demotions = self.generic_calls = 0
+        self._dispatch: Callable = self._watching
+        functools.update_wrapper(self, fun)
+
+    # The call is whatever ``_dispatch`` holds (a C-level property, as in Pejitted).
+    __call__ = property(operator.attrgetter("_dispatch"))
+
+    # -- watching ---------------------------------------------------------
+    def _watching(self, *args, **kwargs):
+        with self._lock:
+            target = self._observe(args, kwargs)
+            if target is None:
+                self.generic_calls += 1
+                target = self._generic
+        return target(*args, **kwargs)
+
+    def _candidates(self, args: tuple, kwargs: dict):
+        for i, v in enumerate(args):
+            if i not in self._excluded_nums and i - len(args) not in self._excluded_nums:
+                yield i, v
+        for k, v in kwargs.items():
+            if k not in self._excluded_names:
+                yield k, v
+
+    def _observe(self, args: tuple, kwargs: dict) -> Callable | None:
+        """Update the decisions with this call; the ``Pejitted`` it runs, or None (generic)."""
+        decisions = self._decisions
+        stable = []
+        for key, value in self._candidates(args, kwargs):
+            d = decisions.get(key)
+            if d is None:
+                if not _is_array(value):
+                    continue  # only arrays are candidates
+                d = decisions[key] = Decision()
+            if d.state in (DEMOTED, DYNAMIC) or isinstance(value, _compat.Tracer):
+                continue  # a transformation's tracer says nothing about the next call
+            if isinstance(value, np.ndarray) and not _immutable(value):
+                if d.state == PROMOTED:
+                    self.demotions += 1
+                    self._promoted = tuple(k for k in self._promoted if k != key)
+                d.state, d.ref = DYNAMIC, None
+                d.why = "a NumPy array whose memory may be written (it may change in place)"
+                continue
+            if d.ref is not None and d.ref() is value:
+                d.streak += 1
+            else:
+                d.changes += d.streak > 0
+                d.ref, d.streak = (weakref.ref(value, self._forget), 1) if _promotable(value) else (None, 0)
+                if d.changes > self._demote_after:
+                    why = f"changed {d.changes} times (more than auto_demote_after={self._demote_after})"
+                    if d.state == PROMOTED:
+                        self.demotions += 1
+                        self._promoted = tuple(k for k in self._promoted if k != key)
+                    d.state, d.why, d.ref = (DEMOTED if d.state == PROMOTED else DYNAMIC), why, None
+                    continue
+            if d.streak == self._after:
+                if d.state == WATCHING:
+                    stable.append(key)
+                else:  # promoted before, and stable again on a new object: its fold is due
+                    self.promotions += 1
+                    d.why = f"the same object again on {self._after} consecutive calls (changes so far: {d.changes})"
+        if stable:
+            self._consider(stable, args, kwargs)
+        if self._promoted and all(_holds(decisions[k], args, kwargs, k, self._after) for k in self._promoted):
+            target = self._specialized(self._promoted)
+        else:
+            target = None
+        self._settle()
+        return target
+
+    def _consider(self, stable: list, args: tuple, kwargs: dict) -> None:
+        """Promote ``stable`` arguments if folding them removes enough work per call."""
+        old = self._promoted
+        new = _ordered((*old, *stable))
+        try:
+            # Work on no argument at all (``jnp.eye(n)``) counts in both: jax.jit folds it too.
+            gain = self._removed(new, args, kwargs) - self._removed(old, args, kwargs)
+        except Exception as e:  # noqa: BLE001 -- the generic call then raises jax.jit's error, if any
+            self._decide(stable, DYNAMIC, f"could not trace it to estimate the saving: {type(e).__name__}: {e}")
+            return
+        if gain < self._min_flops:
+            self._decide(stable, DYNAMIC, f"folding it would remove {gain:.3g} FLOPs per call, "
+                                          f"less than auto_min_flops={self._min_flops:.3g}")
+            return
+        self._promoted = new
+        self.promotions += len(stable)
+        self._decide(stable, PROMOTED, f"the same object on {self._after} consecutive calls; folding removes "
+                                       f"{gain:.3g} FLOPs per call")
+
+    def _specialized(self, keys: tuple) -> Pejitted:
+        """The ``Pejitted`` with the arguments ``keys`` constant (one per set, kept)."""
+        special = self._special.get(keys)
+        if special is None:
+            nums = tuple(k for k in keys if isinstance(k, int))
+            names = tuple(k for k in keys if isinstance(k, str))
+            special = self._special[keys] = Pejitted(
+                self._fun, constant_argnums=nums, constant_argnames=names, **self._pejit_kwargs)
+        return special
+
+    def _decide(self, keys, state: str, why: str) -> None:
+        for k in keys:
+            d = self._decisions[k]
+            d.state, d.why = state, why
+            if state != PROMOTED:
+                d.ref = None
+
+    def _removed(self, keys: tuple, args: tuple, kwargs: dict) -> float:
+        """Estimated FLOPs per call that folding the arguments ``keys`` removes."""
+        closed, ranges = self._traced(args, kwargs)
+        return removed_flops(closed, [j for key in keys for j in ranges.get(key, ())])
+
+    def _traced(self, args: tuple, kwargs: dict):
+        """The function's jaxpr, every non-static argument abstract, and each argument's inputs in it.
+
+        Kept for the last argument types and static values seen (decisions are rare).
+        """
+        is_static = [i in self._static_nums or i - len(args) in self._static_nums for i in range(len(args))]
+        static = [(i, v) for i, v in enumerate(args) if is_static[i]]
+        static_kw = {k: v for k, v in kwargs.items() if k in self._static_names}
+        dyn_args = [v for i, v in enumerate(args) if not is_static[i]]
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kw))
+        key = (tree, tuple(jax.typeof(leaf) for leaf in leaves), tuple(static), tuple(sorted(static_kw.items())))
+        if self._estimates.get("key") == key:
+            return self._estimates["value"]
+        ranges, j = {}, 0
+        owners = [*(i for i in range(len(args)) if not is_static[i]), *sorted(dyn_kw)]  # flattening order
+        for owner, sub in zip(owners, [*dyn_args, *(dyn_kw[k] for k in sorted(dyn_kw))]):
+            n = len(jax.tree_util.tree_leaves(sub))
+            ranges[owner], j = range(j, j + n), j + n
+        fun = self._fun
+
+        def flat(*leaves):
+            a, kw = jax.tree_util.tree_unflatten(tree, leaves)
+            for i, v in static:
+                a.insert(i, v)
+            return fun(*a, **kw, **static_kw)
+
+        with _compat.at_top_level():
+            closed = jax.make_jaxpr(flat)(*leaves)
+        self._estimates = {"key": key, "value": (closed, ranges)}
+        return closed, ranges
+
+    def _settle(self) -> None:
+        """When every argument is decided, make the call a generated function."""
+        decisions = self._decisions
+        if any(d.state == WATCHING or (d.state == PROMOTED and d.streak < self._after) for d in decisions.values()):
+            self._dispatch = self._watching
+            return
+        if not self._promoted:
+            self._dispatch = self._generic
+            return
+        positions = [k for k in self._promoted if isinstance(k, int)]
+        if len(positions) < len(self._promoted) or not positions:
+            self._dispatch = self._watching  # keywords: the general path
+            return
+        refs = {f"r{i}": decisions[i].ref for i in positions}
+        n = 1 + max(positions)
+        check = " and ".join(f"args[{i}] is r{i}() is not None" for i in positions)
+        source = (f"def call(*args, **kwargs):\n"
+                  f"    if not kwargs and len(args) >= {n} and {check}:\n"
+                  f"        return special(*args)\n"
+                  f"    return watching(*args, **kwargs)\n")
+        namespace = {**refs, "special": self._specialized(self._promoted), "watching": self._watching}
+        exec(source, namespace)  # noqa: S102 -- built from integer positions only
+        self._dispatch = namespace["call"]
+
+    def _forget(self, _ref) -> None:
+        """A promoted object died: its identity may be reused, so stop trusting the guard."""
+        self._dispatch = self._watching
+
+    # -- introspection ----------------------------------------------------
+    def decisions(self) -> dict:
+        """``{argument: (state, why)}`` for every array argument seen so far."""
+        with self._lock:
+            return {k: (d.state, d.why or f"the same object on {d.streak} consecutive call(s), changed {d.changes} "
+                        f"time(s) so far") for k, d in self._decisions.items()}
+
+    def cache_info(self) -> AutoCacheInfo:
+        """The promoted specializations' cache statistics, with promotions, demotions and generic calls.
+
+        Example:
+          >>> import jax.numpy as jnp
+          >>> from pejit import pejit
+          >>> f = pejit(lambda w, X: (X.T @ X) @ w, constant_argnums="auto")
+          >>> X = jnp.ones((3, 3))
+          >>> _ = [f(jnp.full(3, float(i)), X) for i in range(3)]
+          >>> info = f.cache_info()
+          >>> info.generic_calls, info.promotions  # X.T @ X is too small to be worth a fold
+          (3, 0)
+        """
+        infos = [p.cache_info() for p in self._special.values()]
+        total = CacheInfo(sum(i.hits for i in infos), sum(i.misses for i in infos), infos[0].maxsize,
+                          sum(i.currsize for i in infos))
+        return AutoCacheInfo(total, self.promotions, self.demotions, self.generic_calls)
+
+    def cache_clear(self) -> None:
+        """Forget every decision and specialization (jax.jit's own cache is left alone)."""
+        with self._lock:
+            for p in self._special.values():
+                p.cache_clear()
+            self._decisions.clear()
+            self._promoted = ()
+            self._estimates.clear()
+            self.promotions = self.demotions = self.generic_calls = 0
+            self._dispatch = self._watching
+
+    def _route(self, args: tuple, kwargs: dict) -> Pejitted | None:
+        """The ``Pejitted`` these arguments would run now, or None (generic); no state changes."""
+        with self._lock:
+            promoted = self._promoted
+            if promoted and all(_holds(self._decisions[k], args, kwargs, k, self._after) for k in promoted):
+                return self._specialized(promoted)
+        return None
+
+    def report(self, *args, **kwargs) -> AutoReport:
+        """The decisions, and the :class:`~pejit.FoldReport` of the fold these arguments run."""
+        special = self._route(args, kwargs)
+        return AutoReport(self.decisions(), None if special is None else special.report(*args, **kwargs))
+
+    def explain(self, *args, **kwargs) -> AutoReport:
+        """As :meth:`report`, with the fold's ``before`` program (see :func:`pejit.explain`)."""
+        special = self._route(args, kwargs)
+        return AutoReport(self.decisions(), None if special is None else explain(special, *args, **kwargs))
+
+    # ``pejit.explain(auto_fun, ...)`` asks here (``_explain`` does not import this module).
+    __pejit_explain__ = explain
+
+    # -- jax.jit's staged API: the generic program's ------------------------
+    def lower(self, *args, **kwargs):
+        """Lower the generic program, as ``jax.jit(f).lower`` does."""
+        self._require_jit("lower")
+        return self._generic.lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        """Trace the generic program, as ``jax.jit(f).trace`` does."""
+        self._require_jit("trace")
+        return self._generic.trace(*args, **kwargs)
+
+    def eval_shape(self, *args, **kwargs):
+        """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
+        return jax.eval_shape(self._generic, *args, **kwargs)
+
+    def _require_jit(self, what: str) -> None:
+        if not self._jit:
+            raise AttributeError(f"{what}() needs a compiled function: use pejit, not pe")
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<{'pejit' if self._jit else 'pe'} function {self._name} (constant_argnums='auto')>"
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def _promotable(value: Any) -> bool:
+    """An object whose identity fixes its value: a concrete jax.Array or frozen NumPy."""
+    if isinstance(value, np.ndarray):
+        return _immutable(value)
+    return isinstance(value, jax.Array) and not isinstance(value, _compat.Tracer)
+
+
+def _holds(d: Decision, args: tuple, kwargs: dict, key, after: int) -> bool:
+    """The guard of one promoted argument: this call passes the object it was promoted on."""
+    if isinstance(key, int):
+        value = args[key] if -len(args) <= key < len(args) else None
+    else:
+        value = kwargs.get(key)
+    obj = d.ref() if d.ref is not None else None
+    return obj is not None and value is obj and d.streak >= after
+
+
+def _ordered(keys) -> tuple:
+    unique = set(keys)
+    return (*sorted(k for k in unique if isinstance(k, int)), *sorted(k for k in unique if isinstance(k, str)))
+
+
+def removed_flops(closed_jaxpr, known_invars) -> float:
+    """Estimated FLOPs per call that folding the inputs ``known_invars`` removes.
+
+    An equation folds when all its inputs are known and it has no effects;
+    a call (``jax.jit`` inside the function, as ``jnp.linalg`` functions are)
+    with some known inputs is looked into, as folding inlines it. The count
+    is :mod:`pejit._flops`'s.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> cj = jax.make_jaxpr(lambda X, w: (X.T @ X) @ w)(jnp.ones((10, 4)), jnp.ones(4))
+      >>> removed_flops(cj, [0])  # X.T @ X: 2 * 4 * 4 * 10
+      320.0
+    """
+    jaxpr = closed_jaxpr.jaxpr
+    return _removed(jaxpr, set(jaxpr.constvars) | {jaxpr.invars[i] for i in known_invars})
+
+
+def _removed(jaxpr, known: set) -> float:
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        ins = [isinstance(v, Literal) or v in known for v in eqn.invars]
+        if all(ins) and not eqn.effects:
+            total += eqn_flops(eqn)
+            known.update(eqn.outvars)
+        elif any(ins) and eqn.primitive in _CALLS:
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            sub_jaxpr = getattr(sub, "jaxpr", sub)
+            total += _removed(sub_jaxpr, set(sub_jaxpr.constvars) | {v for v, k in zip(sub_jaxpr.invars, ins) if k})
+    return total
+
+
+def options(constant_argnums: Any, **auto: Any) -> dict | None:
+    """Validate the ``auto_*`` keywords; ``None`` unless ``constant_argnums == "auto"``."""
+    given = {k: v for k, v in auto.items() if v is not None}
+    if isinstance(constant_argnums, str):
+        if constant_argnums != "auto":
+            raise TypeError(
+                f"constant_argnums must be an int, a sequence of ints or 'auto', got str {constant_argnums!r}"
+            )
+    elif given:
+        raise TypeError(f"{', '.join(sorted(given))} only apply with constant_argnums='auto'")
+    else:
+        return None
+    for name in ("auto_after", "auto_demote_after"):
+        if name in given:
+            v, low = given[name], 1 if name == "auto_after" else 0
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+            given[name] = int(v)
+    if "auto_min_flops" in given:
+        v = given["auto_min_flops"]
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or math.isnan(v) or v < 0:
+            raise ValueError(f"auto_min_flops must be a number >= 0 (FLOPs per call), got {v!r}")
+        given["auto_min_flops"] = float(v)
+    return given
+
+
+__all__ = ["AutoCacheInfo", "AutoPejitted", "AutoReport", "DEFAULT_MIN_FLOPS", "removed_flops"]
