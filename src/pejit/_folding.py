@@ -88,7 +88,7 @@ deferred_ok: set[Primitive] = set()
 
 
 def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
-    """Register a fold rule (a :class:`FoldRule`) for each primitive in ``prims``.
+    """Register a fold rule (a `FoldRule`) for each primitive in ``prims``.
 
     The folding trace calls the rule for every application of those
     primitives; the rule returns the outputs, or ``NotImplemented`` to leave
@@ -96,12 +96,12 @@ def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[F
     else stage it). Inside ``with trace.as_current():`` the rule's JAX code
     goes through the folding trace: what depends only on known values is
     folded, the rest is staged into the residual program. ``folder`` answers
-    :meth:`Folder.is_known`, counts in ``folder.stats`` and reads
+    `Folder.is_known`, counts in ``folder.stats`` and reads
     ``folder.options``.
 
-    Known values whose folding is deferred (see :class:`Folder`) are
+    Known values whose folding is deferred (see `Folder`) are
     materialized before the rule runs, unless ``deferred`` says the rule
-    handles them itself, through :meth:`Folder.is_known`. A primitive has
+    handles them itself, through `Folder.is_known`. A primitive has
     one rule: registering again replaces it.
 
     Examples:
@@ -153,7 +153,7 @@ class FoldOptions:
 
     Turn one off to debug a suspected miscompilation: the result must not
     change, only how much is folded. The passes are described together in
-    :mod:`pejit.rules`.
+    [How pejit works](how-it-works.md#the-passes).
 
     Attributes:
       branches: ``cond``/``switch`` with a known index keep only the taken
