@@ -90,7 +90,8 @@ def main():
     pg, jg = pejit(g, constant_argnums=0), jax.jit(g)
     pg(d, x)
     spec = pg.specialize(d, x)
-    row("dict of 8 jax.Array constants", lambda: pg(d, x), lambda: jg(d, x), lambda: spec.call(x), spec, pg._caches.specializations)
+    row("dict of 8 jax.Array constants", lambda: pg(d, x), lambda: jg(d, x), lambda: spec.call(x), spec,
+        pg._caches.specializations)
 
     f, nums = positional(8)
     frozen = [np.asarray(a).copy() for a in arrays]

@@ -106,7 +106,7 @@ def report(name, f, consts, x):
     second = timed(f, consts[1], x)
     later = min(timed(f, c, x) for c in consts[2:])
     cached = min(timed(f, consts[0], x) for _ in range(5))
-    kind = "value-independent" if f.specialize(consts[0], x).program.fold is not None else "value-dependent"
+    kind = "value-independent" if f.specialize(consts[0], x).program.folding_program is not None else "value-dependent"
     print(f"{name:<34}{kind:>18}{first:10.3f}{second:12.4f}{later:10.4f}{cached:10.5f}")
 
 

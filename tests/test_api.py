@@ -416,3 +416,46 @@ def test_folded_scalar_output_is_an_array(wrap):
     out, y = wrap(lambda c, x: (c * 2, x), constant_argnums=0)(3.0, jnp.ones(2))
     assert isinstance(out, jax.Array) and out == 6.0
     assert jax.typeof(out) == jax.typeof(jax.jit(lambda: 3.0 * 2)())
+
+
+# -- the objects the public methods return --------------------------------------------
+
+
+def test_public_methods_return_exported_types():
+    import pejit as package
+
+    f = pejit(lambda A, x: jnp.linalg.inv(A) @ x, constant_argnums=0)
+    A, x = 2 * jnp.eye(3), jnp.arange(3.0)
+    spec = f.specialize(A, x)
+    assert isinstance(spec, package.Specialization)
+    np.testing.assert_allclose(spec.call(x), x / 2)
+    lowered = f.lower(A, x)
+    assert isinstance(lowered, package.Lowered)
+    assert "lu" not in lowered.as_text()  # jax.stages.Lowered's own attributes pass through
+    compiled = lowered.compile()
+    assert isinstance(compiled, package.Compiled)
+    np.testing.assert_allclose(compiled(A, 2 * x), x)
+    with pytest.raises(ValueError, match="specialized for other constant values"):
+        compiled(3 * jnp.eye(3), x)
+    g = pejit(A, x, constant_arg_nums=[0])(lambda A, x: jnp.linalg.inv(A) @ x)
+    assert isinstance(g.specialize(x), package.Specialization)
+    tfc_compiled = g.lower(x).compile()
+    assert isinstance(tfc_compiled, package.Compiled)
+    np.testing.assert_allclose(tfc_compiled(4 * x), 2 * x)  # the TFC form's compiled call takes x only
+
+
+def test_options_are_parsed_once_into_an_immutable_info():
+    def fn(a, b, *, scale, c):
+        return a * b * scale + c
+
+    f = pejit(fn, constant_argnums=0, constant_argnames="c", static_argnames="scale", donate_argnums=1)
+    info = f.info
+    assert (info.name, info.jit, info.nargs) == ("fn", True, 2)
+    assert info.fixed_nums == {0} and info.fixed_names == {"a", "c", "scale"}  # a may come by name
+    assert info.donate_nums == {1} and not info.one_value
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.jit = False
+    with pytest.raises(TypeError):
+        info.jit_kwargs["keep_unused"] = True  # a read-only view
+    np.testing.assert_allclose(f(2.0, jnp.ones(2), scale=3.0, c=1.0), [7.0, 7.0])
+    assert f.info is info

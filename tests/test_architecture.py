@@ -74,7 +74,7 @@ def test_the_graph_is_read():
     graph = _graph()
     assert "pejit._compat" in graph["pejit._folding"]
     assert "pejit._folding" in graph["pejit.rules.loops"]
-    assert "pejit.rules" in graph["pejit._specialize"]
+    assert "pejit.rules" in graph["pejit._residual"]
 
 
 def test_import_graph_has_no_circle():

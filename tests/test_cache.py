@@ -56,8 +56,8 @@ def test_cache_clear_frees_every_cached_program():
     a, b, x = spd(0), spd(1), jnp.ones(4)
     f(a, x), f(b, x), g(spd(2, 16), jnp.ones(16))
     spec = f.specialize(b, x)
-    assert spec.program.fold.compiled is not None  # the second value compiled it
-    refs = [weakref.ref(spec.consts[0]), weakref.ref(spec.program.fold)]
+    assert spec.program.folding_program.compiled is not None  # the second value compiled it
+    refs = [weakref.ref(spec.consts[0]), weakref.ref(spec.program.folding_program)]
     refs += [weakref.ref(p) for p in _batch._programs.values()]
     del spec
     assert len(refs) > 2
@@ -187,7 +187,7 @@ def test_new_value_reuses_the_traced_and_compiled_programs():
     assert counted.calls == 1
     assert specs[0].program is specs[1].program is specs[2].program
     # the first value was folded equation by equation, the second compiled the folding program
-    assert specs[0].program.fold.compiled is not None
+    assert specs[0].program.folding_program.compiled is not None
     assert f.cache_info().misses == 3
     assert specs[2].report.folded_eqns > 0
     assert set(specs[2].report.residual) <= {"dot_general", "mul", "add"}

@@ -105,7 +105,7 @@ def test_sharded_constant_stays_sharded_through_folding():
             "gathers": all_gathers(pf.lower(a, x).compile()),
             "gathers_jit": all_gathers(jax.jit(f).lower(a, x).compile()),  # g is f, unjittable
             "out_fraction": per_device_fraction(y),
-            "template": spec.program.fold is not None,
+            "template": spec.program.folding_program is not None,
         }
     print(json.dumps(out))
     """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})

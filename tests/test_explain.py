@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pejit import FoldReport, explain, pe, pejit, specialize_jaxpr
+from pejit import FoldOptions, FoldReport, explain, pe, pejit, specialize_jaxpr
 from ._util import requires_jax
 
 
@@ -29,7 +29,11 @@ def test_counts_and_constants(report):
     assert [(a.shape, a.dtype) for a in report.buffers] == [((8, 8), jnp.float32)] * 2
     assert report.folded_bytes == 2 * 8 * 8 * 4
     assert report.literals == []
-    assert report.strategy == "eager"
+    # A value-independent structure: its known work is one batch, staged
+    # into the folding program.
+    assert report.backends == {"program": 1}
+    assert sum(b.equations for b in report.batches) == report.folded_eqns
+    assert str(report).splitlines()[3].endswith("(1 batch: 1 program)")
     assert report.fold_seconds > 0
     assert report.warnings == []
 
@@ -207,3 +211,12 @@ def test_dot_graph_has_a_legend():
         assert f'label="{text}' in legend
     for color in ("#b7e1cd", "#f9cb9c", "#ea9999"):  # the colours the equations use
         assert color in legend
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_batches_report_how_known_work_was_evaluated(backend):
+    def f(A, x):  # Python control flow on A: folded per value, in batches
+        B = jnp.sin(A) * 2.0 + 1.0 if A.sum() > 0 else A
+        return B @ x
+
+    r = explain(f, A, X, constant_argnums=0, fold_options=FoldOptions(backend=backend))
+    assert set(r.backends) == {backend}
+    assert f"{r.backends[backend]} {backend}" in str(r)

@@ -131,7 +131,7 @@ def test_new_values_reuse_one_trace(name):
         specs.append(f.specialize(c, xs[0]))
     assert counted.calls == 1
     assert specs[0].program is specs[1].program is specs[2].program
-    assert specs[2].program.fold.compiled is not None  # later values: one run of the folding program
+    assert specs[2].program.folding_program.compiled is not None  # later values: one run of the folding program
     assert specs[2].report.fallbacks == ()
     # The known work is folded, not left in the residual (nor in its loop bodies or branches).
     assert folded_away not in primitive_names(specs[2].program.jaxpr)
@@ -149,7 +149,7 @@ def test_abstract_residual_is_the_concrete_one(name):
     c, x = make(0), jnp.arange(8.0) - 1.0
     abstract = pejit(fun, constant_argnums=0).specialize(c, x)
     concrete = pejit(value_dependent_twin(fun), constant_argnums=0).specialize(c, x)
-    assert abstract.program.fold is not None and concrete.program.fold is None
+    assert abstract.program.folding_program is not None and concrete.program.folding_program is None
     assert primitive_names(abstract.program.jaxpr) == primitive_names(concrete.program.jaxpr)
 
 

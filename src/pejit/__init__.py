@@ -18,11 +18,14 @@ from ._errors import WritableConstantWarning as WritableConstantWarning
 from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
 from ._folding import register_fold_rule as register_fold_rule
-from ._jit import BoundPejitted as BoundPejitted
 from ._jit import Pejitted as Pejitted
+from ._program import Specialization as Specialization
 from ._report import FoldReport as FoldReport
-from ._specialize import Residual as Residual
-from ._specialize import specialize_jaxpr as specialize_jaxpr
+from ._residual import Residual as Residual
+from ._residual import specialize_jaxpr as specialize_jaxpr
+from ._stages import Compiled as Compiled
+from ._stages import Lowered as Lowered
+from ._tfc import BoundPejitted as BoundPejitted
 
 __version__ = "0.1.0"
 
@@ -32,14 +35,17 @@ __all__ = [
     "AutoReport",
     "BoundPejitted",
     "CacheInfo",
+    "Compiled",
     "DEFAULT_CACHE_SIZE",
     "FoldOptions",
     "FoldReport",
     "FoldingSkippedWarning",
+    "Lowered",
     "NothingFoldedWarning",
     "PejitWarning",
     "Pejitted",
     "Residual",
+    "Specialization",
     "WritableConstantWarning",
     "explain",
     "pe",

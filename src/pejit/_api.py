@@ -1,7 +1,7 @@
 """The entry points, ``pejit`` and ``pe``: each form of call routed to its wrapper.
 
 The jax.jit form builds a :class:`~pejit._jit.Pejitted`, the TFC form a
-:class:`~pejit._jit.BoundPejitted`, ``constant_argnums="auto"`` an
+:class:`~pejit._tfc.BoundPejitted`, ``constant_argnums="auto"`` an
 :class:`~pejit._auto.AutoPejitted`. This module sits above all three, so that
 none of them imports another's entry point.
 """
@@ -17,7 +17,8 @@ from ._auto import AutoPejitted
 from ._auto import options as auto_options
 from ._cache import DEFAULT_CACHE_SIZE
 from ._folding import FoldOptions
-from ._jit import BoundPejitted, Pejitted
+from ._jit import Pejitted
+from ._tfc import BoundPejitted
 
 
 def pejit(

@@ -8,7 +8,7 @@ checks them and resolves numbers to names and back, as ``jax.jit`` does.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -126,6 +126,15 @@ def check_disjoint(what_a: str, a: tuple[frozenset, frozenset], what_b: str, b: 
         raise ValueError(f"argument {i} is both in {what_a} and in {what_b}; an argument can be only one of them")
     for name in sorted(a[1] & b[1]):
         raise ValueError(f"argument {name!r} is both in {what_a} and in {what_b}; an argument can be only one of them")
+
+
+def interleave(const_pos: tuple, dyn_args: Sequence) -> list:
+    """The full positional arguments: ``(position, value)`` constants put
+    back among the other arguments."""
+    out = list(dyn_args)
+    for i, v in const_pos:
+        out.insert(i, v)
+    return out
 
 
 def _is_int(x: Any) -> bool:

@@ -160,7 +160,7 @@ class AutoPejitted:
         # Built now: Pejitted validates the function and every option (jax.jit's keywords too).
         plain = Pejitted(fun, **self._pejit_kwargs)
         self._special: dict[tuple, Pejitted] = {(): plain}
-        self._fun, self._name, self._jit = fun, plain._name, jit
+        self._fun, self._name, self._jit = fun, plain.info.name, jit
         self._after, self._demote_after = auto_after, auto_demote_after
         self._min_flops = DEFAULT_MIN_FLOPS if auto_min_flops is None else auto_min_flops
         self._generic = jax.jit(fun, **jit_kwargs) if jit else fun

@@ -199,9 +199,9 @@ class Caches:
         # One trace and one fold per key, however many threads ask.
         self.lock = threading.RLock()
 
-    def specialization(self, key: Any, build: Callable[[], tuple[Any, Iterable[Any]]]) -> Any:
-        """The specialization for ``key``; on a miss, ``build()`` returns it
-        and the objects whose death drops it."""
+    def specialization(self, key: Any, build: Callable[..., tuple[Any, Iterable[Any]]], *args: Any) -> Any:
+        """The specialization for ``key``; on a miss, ``build(*args)`` returns
+        it and the objects whose death drops it."""
         cache = self.specializations
         value = cache.get(key)
         if value is None:
@@ -209,7 +209,7 @@ class Caches:
                 value = cache.get(key)
                 if value is None:
                     cache.counts.misses += 1
-                    value, watch = build()
+                    value, watch = build(*args)
                     cache.put(key, value, watch=watch)
                     return value
         cache.counts.hits += 1

@@ -142,6 +142,8 @@ try:  # jax.checkpoint's primitive (public since JAX 0.8.2)
 except ImportError:
     from jax._src.ad_checkpoint import remat_p
 
+if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
+    from ._folding import FoldPolicy
 
 #: Internals looked up by attribute: (owner, name, why pejit needs it).
 _REQUIRED = [
@@ -395,6 +397,11 @@ def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
     """
     with _config.eager_constant_folding(False):
         return _bind(prim, core.eval_trace if trace is None else trace, tuple(args), params)
+
+
+def policy_of(x: Any):
+    """The folding policy of the :class:`StagingTrace` that made ``x``, else None."""
+    return getattr(trace_of(x), "policy", None)
 
 
 def at_top_level():

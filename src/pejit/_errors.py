@@ -228,7 +228,7 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
         return
     if _holds_constants(spec.program.jaxpr):  # folded into a loop body or branch
         return
-    report = spec.program.report
+    report = spec.report
     if report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches:
         return
     if not report.residual_eqns:

@@ -10,7 +10,6 @@ works, as it does under pejit) while every equation lands in the jaxpr.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,8 +18,11 @@ from jax.extend.core import ClosedJaxpr
 
 from . import _compat
 from ._folding import Folder, FoldOptions
-from ._jit import BoundPejitted, Pejitted, _merge
+from ._argnums import interleave
+from ._info import split_call
+from ._jit import Pejitted
 from ._keys import dynamic_aval
+from ._tfc import BoundPejitted, core_call
 from ._report import FoldReport
 
 
@@ -90,7 +92,8 @@ def explain(
         return explains_itself(fun, *args, **kwargs)
     if isinstance(fun, BoundPejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
-        return explain(fun._core, *fun._full(args), **kwargs)
+        core, full_args = core_call(fun, args)
+        return explain(core, *full_args, **kwargs)
     if isinstance(fun, Pejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
         pj = fun
@@ -100,8 +103,12 @@ def explain(
             jit=False, fold_options=fold_options,
         )
         pj._hints_given.update(("nothing", "writable"))  # the report says it: no warnings
-    report = pj.specialize(*args, **kwargs).report
-    return dataclasses.replace(report, before=_original(pj, args, kwargs))
+    residual = pj.specialize(*args, **kwargs).residual
+    report = residual.report
+    return FoldReport.build(
+        residual.stats, residual.jaxpr, report.fold_seconds, before=_original(pj, args, kwargs),
+        fallbacks=report.fallbacks,
+    )
 
 
 def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> None:
@@ -114,13 +121,13 @@ def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> No
 
 def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
     """The unfolded program on the dynamic arguments, constants as ``consts``."""
-    const_pos, const_kw, dyn_args, dyn_kwargs = pj._split(args, kwargs, pj._layout(len(args)))
+    const_pos, const_kw, dyn_args, dyn_kwargs = split_call(pj.info, args, kwargs)
     leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
     avals = [dynamic_aval(leaf) for leaf in leaves]
 
     def flat_fun(*leaves):
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
-        out = pj._fun(*_merge(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
+        out = pj.info.fun(*interleave(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
         return jax.tree_util.tree_leaves(out)
 
     jaxpr, consts = _compat.trace_staging(flat_fun, avals, _StageAll(), name="explain")

@@ -56,8 +56,12 @@ class FoldPolicy(Protocol):
         values (then JAX folds the call) or ``args`` as they are."""
 
     def concrete_value(self, tracer: Any) -> Any:
-        """The value Python asks of a staged ``tracer`` (``bool``,
-        ``np.asarray``), or None if it has none."""
+        """The value Python asks of a staged ``tracer`` (``bool``, ``int``,
+        ``float``), or None if it has none."""
+
+    def numpy_value(self, tracer: Any) -> Any:
+        """The whole array NumPy asks of a staged ``tracer`` (``np.asarray``,
+        boolean masks), or None if it has none."""
 
     def finalize(self, jaxpr: Any, consts: list[Any]) -> tuple[Any, list[Any]]:
         """The traced ``jaxpr`` and its ``consts``, with the known values it
@@ -502,7 +506,9 @@ class Folder:
                 [v for v in targets if v in produced]
                 + ([] if final else [v for v in produced if self._uses[v] > inside[v]])
             ))
-            backend = "eager" if _batch.reads_abstract(batch, self._materialized) else self.options.backend
+            # Abstract constants: the batch is staged into the folding program.
+            abstract = _batch.reads_abstract(batch, self._materialized)
+            backend = "eager" if abstract else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
             if final:
                 # hand the earlier values over: run_batch frees each at its last use
@@ -516,7 +522,7 @@ class Folder:
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
                 _batch.BatchInfo(
-                    number, seg.backend, len(seg.recipes),
+                    number, "program" if abstract else seg.backend, len(seg.recipes),
                     sum(r.out_bytes() for r in seg.recipes),
                     Counter(r.prim.name for r in seg.recipes),
                 )

@@ -1,38 +1,33 @@
-"""The wrappers that ``pe`` and ``pejit`` (in ``_api``) return.
+"""The ``jax.jit`` form of pejit: :class:`Pejitted`.
 
-Two forms share one implementation, :class:`Pejitted`:
-
-* the ``jax.jit`` form, ``pejit(f, constant_argnums=..., constant_argnames=...)``,
-  specializes at call time and keeps one specialization per constant value;
-* the TFC form, ``pejit(*example_args, constant_arg_nums=[...])(f)``, folds
-  immediately for the example arguments and returns a function of the
-  remaining arguments (:class:`BoundPejitted`).
+A thin object over its parsed options (:class:`~pejit._info.PejitInfo`):
+it builds one dispatcher per argument layout (:mod:`pejit._dispatch`),
+keys calls, keeps specializations in its :class:`~pejit._cache.Caches`, and
+serves ``jax.jit``'s staged API. Folding is the specializer's
+(:mod:`pejit._specializer`); the TFC form wraps a ``Pejitted``
+(:mod:`pejit._tfc`); :func:`~pejit.pejit` and :func:`~pejit.pe` make both
+(:mod:`pejit._api`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import operator
 import threading
-import time
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from . import _argnums, _compat, _errors
-from ._cache import DEFAULT_CACHE_SIZE, CacheInfo, Caches
-from ._errors import FoldingSkippedWarning, PejitWarning  # noqa: F401  (re-exported)
-from ._dispatch import Layout, bound_dispatcher, dispatcher, straight_line
-from ._folding import FoldOptions
-from ._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, structure_key, watched
-from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
-from ._specialize import Residual, fold, share_constants
+from . import _compat, _errors
+from ._cache import CacheInfo, Caches
+from ._dispatch import Layout, dispatcher, straight_line
+from ._info import fixed_positions, parse_pejit_arguments, split_call
+from ._keys import TracedConstant, constant_key, dynamic_key, watched
+from ._program import Specialization
+from ._specializer import specialize
 from ._stages import Lowered
 
-_tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
 _tree_leaves = jax.tree_util.tree_leaves
 
@@ -50,7 +45,8 @@ class Pejitted:
     entries ([`DEFAULT_CACHE_SIZE`][pejit.DEFAULT_CACHE_SIZE] by default, ``None`` for unbounded);
     one keyed on a ``jax.Array`` constant is dropped when that array dies.
     ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
-    ``report`` summarizes a specialization.
+    ``report`` summarizes a specialization. ``info`` holds the options,
+    parsed and checked once (``pejit._info.PejitInfo``).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -67,69 +63,16 @@ class Pejitted:
       {'dot_general': 1}
     """
 
-    def __init__(
-        self,
-        fun: Callable,
-        *,
-        constant_argnums: int | Sequence[int] | None = None,
-        constant_argnames: str | Sequence[str] | None = None,
-        jit: bool = True,
-        fold_options: FoldOptions | None = None,
-        cache_size: int | None = DEFAULT_CACHE_SIZE,
-        constant_shardings: Any = None,
-        **jit_kwargs: Any,
-    ):
-        if not callable(fun):
-            raise TypeError(f"pejit: expected a callable to specialize, got {type(fun).__name__} {fun!r}")
-        self._fun = fun
-        self._name = getattr(fun, "__name__", type(fun).__name__)
-        self._jit = jit
-        self._options = fold_options or FoldOptions()
-        if not isinstance(self._options, FoldOptions):
-            raise TypeError(f"fold_options must be a pejit.FoldOptions, got {type(self._options).__name__}")
-        if constant_shardings is not None and not (
-            isinstance(constant_shardings, jax.sharding.Sharding) or callable(constant_shardings)
-        ):
-            raise TypeError(
-                "constant_shardings must be a jax.sharding.Sharding or a callable "
-                f"from a folded constant's jax.ShapeDtypeStruct to a Sharding (or None), "
-                f"got {type(constant_shardings).__name__}"
-            )
-        self._constant_shardings = constant_shardings
-        sig = _argnums.signature(fun)
-        self._nargs = _argnums.positional_count(sig)
-        const = self._resolve(sig, "constant_argnums", constant_argnums, "constant_argnames", constant_argnames)
-        if not jit and jit_kwargs:
-            raise TypeError(f"pe does not compile, so it takes no jax.jit keywords; got {sorted(jit_kwargs)}")
-        static = self._resolve(
-            sig, "static_argnums", jit_kwargs.pop("static_argnums", None),
-            "static_argnames", jit_kwargs.pop("static_argnames", None),
-        )
-        donate = self._resolve(
-            sig, "donate_argnums", jit_kwargs.pop("donate_argnums", None),
-            "donate_argnames", jit_kwargs.pop("donate_argnames", None),
-        )
-        _argnums.check_disjoint("constant_argnums/constant_argnames", const, "static_argnums/static_argnames", static)
-        _argnums.check_disjoint("constant_argnums/constant_argnames", const, "donate_argnums/donate_argnames", donate)
-        _argnums.check_disjoint("static_argnums/static_argnames", static, "donate_argnums/donate_argnames", donate)
-        # Static arguments are concrete while tracing and keyed by value, as
-        # constants are; they only differ in name.
-        self._fixed_nums = const[0] | static[0]
-        self._fixed_names = const[1] | static[1]
-        self._donate_nums, self._donate_names = donate
-        self._jit_kwargs = jit_kwargs
-        self._caches = Caches(cache_size)
+    def __init__(self, fun: Callable, **options: Any):
+        # Every option is checked here, once (see :func:`parse_pejit_arguments`).
+        self.info = parse_pejit_arguments(fun, **options)
+        self._caches = Caches(self.info.cache_size)
         self._layouts: dict[int, Layout] = {}
         self._dispatch = _compat.api_boundary(lambda *args, **kwargs: self._route(args, kwargs))
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # layouts, the warning
         self._warned = False
         self._hints_given: set[str] = set()  # see _errors.check_constants/check_folded
         functools.update_wrapper(self, fun)
-
-    def _resolve(self, sig, what_nums, nums, what_names, names):
-        nums = _argnums.check_argnums(what_nums, nums, self._nargs)
-        names = _argnums.check_argnames(what_names, names)
-        return _argnums.resolve(f"{what_nums}/{what_names}", sig, nums, names)
 
     # -- the cache ----------------------------------------------------------
     def cache_info(self) -> CacheInfo:
@@ -166,25 +109,26 @@ class Pejitted:
     @_compat.api_boundary  # an error in the user's function shows no pejit frames
     def _uncached(self, args: tuple, kwargs: dict):
         try:
-            spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
+            spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
         return spec.call(*dyn_args, **dyn_kwargs)
 
     def _fallback(self, e: TracedConstant, args, kwargs):
-        what = _describe(e.args[0])
+        what = _argument_name(e.args[0])
         with self._lock:
             warn, self._warned = not self._warned, True
         if warn:
-            _errors.skipped_folding(self._name, what)
-        return self._fun(*args, **kwargs)
+            _errors.skipped_folding(self.info.name, what)
+        return self.info.fun(*args, **kwargs)
 
     def _layout(self, n: int) -> Layout:
         layout = self._layouts.get(n)
         if layout is None:
-            if self._nargs is not None and n > self._nargs:
-                raise TypeError(f"{self._name}() takes {self._nargs} positional arguments but {n} were given")
-            fixed = self._fixed_positions(n)
+            nargs = self.info.nargs
+            if nargs is not None and n > nargs:
+                raise TypeError(f"{self.info.name}() takes {nargs} positional arguments but {n} were given")
+            fixed = fixed_positions(self.info, n)
             const = tuple(i for i in range(n) if i in fixed)
             dyn = tuple(i for i in range(n) if i not in fixed)
             dispatch = dispatcher(n, const, dyn, self._caches.fast_path(), self._route, self._uncached)
@@ -195,11 +139,6 @@ class Pejitted:
                     self._dispatch = dispatch
         return layout
 
-    def _fixed_positions(self, n: int) -> frozenset[int]:
-        if self._nargs is None and any(i < 0 for i in self._fixed_nums):
-            return frozenset(i % n for i in self._fixed_nums if -n <= i < n)
-        return self._fixed_nums
-
     def _key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
         """The cache key of a call: constants' values, then dynamic arguments' types.
 
@@ -209,258 +148,73 @@ class Pejitted:
         key = [constant_key(i, args[i]) for i in layout.const]
         key += [dynamic_key(args[i], i) for i in layout.dyn]
         if kwargs:
-            fixed = self._fixed_names
+            fixed = self.info.fixed_names
             key.append((_KW, tuple(sorted(
                 (k, constant_key(k, v) if k in fixed else dynamic_key(v, k)) for k, v in kwargs.items()
             ))))
         return tuple(key)
 
-    def _split(self, args: tuple, kwargs: dict, layout: Layout):
-        const_pos = tuple((i, args[i]) for i in layout.const)
-        const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._fixed_names))
-        dyn_args = tuple(args[i] for i in layout.dyn)
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._fixed_names}
-        return const_pos, const_kw, dyn_args, dyn_kwargs
-
-    def _specialization(self, args: tuple, kwargs: dict):
+    def _specialized_call(self, args: tuple, kwargs: dict):
         layout = self._layout(len(args))
         key = self._key(args, kwargs, layout)
-
-        def build():
-            const_pos, const_kw, dyn_args, dyn_kwargs = self._split(args, kwargs, layout)
-            with _compat.at_top_level():
-                spec = self._specialize(len(args), const_pos, const_kw, dyn_args, dyn_kwargs)
-            const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
-            _errors.check_constants(self._name, const_leaves, self._hints_given)
-            _errors.check_folded(self._name, spec, const_leaves, self._hints_given)
-            return spec, watched(const_leaves)
-
-        spec = self._caches.specialization(key, build)
-        fixed = self._fixed_names
+        spec = self._caches.specialization(key, self._build, args, kwargs, layout)
+        fixed = self.info.fixed_names
         return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 
-    #: Whether the constants never change (the TFC form binds them): then
-    #: each specialization folds concretely, in one pass, as TFC's ``pe``
-    #: does; a value-independent folding program would cost an abstract
-    #: trace plus its evaluation (measured on a TFC PDE program: 36.5 s
-    #: against 19.6 s) and never be reused.
-    _one_value = False
-
-    def _specialize(self, nargs, const_pos, const_kw, dyn_args, dyn_kwargs) -> Specialization:
-        """Fold for these constants: with a shared program if values don't matter."""
-        dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
-        avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
-        const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
-        where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
-        skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
-        if self._one_value:
-            return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, None)
-        arrays = [leaf for leaf in const_leaves if is_array(leaf)]
-        programs = self._caches.programs
-        program = programs.get(skey)
-        if program is None:
-            start = time.perf_counter()
-            program, consts = self._trace_program(nargs, where, const_leaves, const_tree, in_tree, avals)
-            programs.put(skey, program)
-            if not isinstance(program, PerValue):
-                return Specialization(program, consts, time.perf_counter() - start)
-        if isinstance(program, PerValue):
-            return self._specialize_eagerly(nargs, const_pos, const_kw, in_tree, avals, program.reason)
-        start = time.perf_counter()
-        consts = program.fold(*arrays)
-        if program.fold.share is not None:
-            shared = program.fold.share.select(consts)
-            if shared is None:  # other constants are equal or uniform: a residual of its own
-                program, shared = self._shared_program(program, consts, nargs)
-            consts = shared
-        return Specialization(program, consts, time.perf_counter() - start)
-
-    def _flat_fun(self, where, const_vals, in_tree, out_trees: list) -> Callable:
-        """The user's function of the flat dynamic leaves, constants bound."""
-        const_pos = tuple(zip(where[0], const_vals[0]))
-        const_kw = dict(zip(where[1], const_vals[1]))
-        fun = self._fun
-
-        def flat_fun(*leaves):
-            dyn_args, dyn_kwargs = _tree_unflatten(in_tree, leaves)
-            out = fun(*_merge(const_pos, dyn_args), **const_kw, **dyn_kwargs)
-            out_leaves, out_tree = _tree_flatten(out)
-            out_trees.append(out_tree)
-            return out_leaves
-
-        # JAX's errors while tracing name the user's function and arguments.
-        _errors.name_after(flat_fun, fun, where, const_vals, in_tree)
-        return flat_fun
-
-    def _trace_program(self, nargs, where, const_leaves, const_tree, in_tree, avals):
-        """Trace once with the constant arrays abstract: the folding program.
-
-        If the trace needs a constant's value (Python control flow, shapes,
-        a ``cond`` with a known index, ...) it fails, and the structure is
-        marked value-dependent: each new value is traced again, concretely.
-        Any failure counts, since JAX reports a missing value in many ways
-        (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
-        ``IndexError`` for slices) and so may user code checking values; the
-        concrete trace then raises the function's real errors. A residual
-        that :func:`why_per_value` rejects is value-dependent too. The reason
-        is kept in the report.
-        """
-        is_arrays = [is_array(leaf) for leaf in const_leaves]
-        arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
-        # Close over the static leaves only: array leaves must not be kept alive.
-        statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
-        traced: dict[str, Any] = {}
-        out_trees: list = []
-
-        def folding_program(*array_leaves):
-            it = iter(array_leaves)
-            leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
-            flat_fun = self._flat_fun(where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
-
-            def traced_fun(*dyn_leaves):
-                traced["traces"].append(weakref.ref(_compat.core_trace()))
-                return flat_fun(*dyn_leaves)
-
-            traced_fun.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
-            traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
-            # No retry with eager loop bodies: no help for abstract constants.
-            residual = fold(traced_fun, avals, self._options, name=self._name, retry_eager_bodies=False)
-            traced["jaxpr"] = residual.open_jaxpr()
-            traced["nconsts"] = len(residual.consts)
-            traced["report"] = dataclasses.replace(residual.report, after=None)
-            return self._place(residual.consts, jax.lax.with_sharding_constraint)
-
-        try:
-            program = FoldingProgram(jax.jit(folding_program).trace(*arrays))
-        except Exception as e:  # the trace needed a constant's value
-            first_line = (str(e).splitlines() or [""])[0]
-            return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        reason = why_per_value(traced["jaxpr"], traced["traces"])
-        if reason is not None:
-            return PerValue(reason), None
-        consts = program.evaluate(*arrays)
-        program.residual = traced["jaxpr"]
-        unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["report"], None, program)
-        return self._shared_program(unshared, consts, nargs)
-
-    def _shared_program(self, program: Program, consts: list, nargs: int) -> tuple[Program, list]:
-        """The program for folded ``consts``, equal and uniform ones not passed.
-
-        Which constants are equal or uniform depends on their values; the
-        plan made for the first value is kept, and a value it does not
-        hold for gets a residual program of its own (see ``SharePlan``).
-        """
-        fold, jaxpr = program.fold, program.fold.residual
-        plan = share_constants(jaxpr, consts) if self._options.literals else None
-        if plan is not None:
-            jaxpr, consts = plan.jaxpr, plan.select(consts)
-        if fold.share is None:
-            fold.share = plan
-        run = self._make_runner(jaxpr, len(consts), program.out_tree, nargs)
-        return Program(jaxpr, len(consts), program.out_tree, program.report, run, fold), consts
-
-    def _specialize_eagerly(self, nargs, const_pos, const_kw, in_tree, avals, reason: str | None) -> Specialization:
-        out_trees: list = []
-        where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
-        vals = ([v for _, v in const_pos], [v for _, v in const_kw])
-        residual = fold(self._flat_fun(where, vals, in_tree, out_trees), avals, self._options, name=self._name)
-        if reason is not None:
-            note = f"each new constant value is traced and folded again: {reason}"
-            residual = Residual(residual.jaxpr, dataclasses.replace(
-                residual.report, fallbacks=(*residual.report.fallbacks, note)))
-        folded = residual.consts
-        consts = self._place(folded, jax.device_put)
-        jaxpr, nconsts = residual.open_jaxpr(), len(folded)
-        run = self._make_runner(jaxpr, nconsts, out_trees[-1], nargs)
-        program = Program(jaxpr, nconsts, out_trees[-1], residual.report, run, None)
-        return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
-
-    def _place(self, consts: list, put: Callable) -> list:
-        """Apply ``constant_shardings`` to the folded constants."""
-        where = self._constant_shardings
-        if where is None:
-            return consts
-        out = []
-        for c in consts:
-            s = where if isinstance(where, jax.sharding.Sharding) else where(jax.ShapeDtypeStruct(c.shape, c.dtype))
-            out.append(c if s is None else put(c, s))
-        return out
-
-    def _make_runner(self, jaxpr, nconsts: int, out_tree, nargs: int) -> Callable:
-        run = runner(jaxpr, nconsts, out_tree)
-        # The user's name in profiles and dumps: the HLO module is jit_<name>.
-        run.__name__ = run.__qualname__ = self._name
-        if self._jit:
-            run = jax.jit(run, **self._jit_kwargs_for(nargs, nconsts))
-        return run
-
-    def _jit_kwargs_for(self, nargs: int, nconsts: int) -> dict:
-        """``jax.jit`` keywords for the runner ``run(*consts, *dyn_args, **dyn_kwargs)``."""
-        layout = self._layout(nargs)
-        dyn_index = {i: nconsts + j for j, i in enumerate(layout.dyn)}
-        kwargs = dict(self._jit_kwargs)
-        donate = [dyn_index[i % nargs] for i in self._donate_nums if -nargs <= i < nargs]
-        if donate:
-            kwargs["donate_argnums"] = tuple(donate)
-        if self._donate_names:
-            kwargs["donate_argnames"] = tuple(self._donate_names)
-        in_shardings = kwargs.get("in_shardings")
-        if isinstance(in_shardings, (tuple, list)):
-            if len(in_shardings) != nargs:
-                raise ValueError(
-                    f"in_shardings has {len(in_shardings)} entries but {self._name} "
-                    f"was called with {nargs} positional arguments"
-                )
-            kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings[i] for i in layout.dyn))
-        elif isinstance(in_shardings, jax.sharding.Sharding):
-            # One sharding for every argument the user passes; the folded
-            # constants keep the placement folding gave them.
-            kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings for _ in layout.dyn))
-        return kwargs
+    def _build(self, args: tuple, kwargs: dict, layout: Layout):
+        """A new specialization for this call, and the constants it dies with."""
+        const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
+        with _compat.at_top_level():
+            spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
+        const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
+        _errors.check_constants(self.info.name, const_leaves, self._hints_given)
+        _errors.check_folded(self.info.name, spec, const_leaves, self._hints_given)
+        return spec, watched(const_leaves)
 
     # -- jax.jit's staged API --------------------------------------------
     @_compat.api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
         """Lower the residual program for these arguments, as ``jax.jit`` does."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
+        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("lower")
         return Lowered(spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
 
     @_compat.api_boundary
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
-        spec, dyn_args, dyn_kwargs = self._specialization(args, kwargs)
+        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("trace")
         return spec.run.trace(*spec.consts, *dyn_args, **dyn_kwargs)
 
     @_compat.api_boundary
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
-        spec, _, _ = self._specialization(args, kwargs)
+        spec, _, _ = self._specialized_call(args, kwargs)
         outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     @_compat.api_boundary
     def specialize(self, *args, **kwargs) -> Specialization:
         """The specialization these arguments select (folding if needed)."""
-        return self._specialization(args, kwargs)[0]
+        return self._specialized_call(args, kwargs)[0]
 
     def report(self, *args, **kwargs):
         """The [`FoldReport`][pejit.FoldReport] of the specialization for these arguments."""
         return self.specialize(*args, **kwargs).report
 
     def _require_jit(self, what: str) -> None:
-        if not self._jit:
+        if not self.info.jit:
             raise AttributeError(f"{what}() needs a compiled function: use pejit, not pe")
 
     def _checker(self, args, kwargs) -> Callable:
         """Split a call of a compiled object, checking its constants."""
         layout = self._layout(len(args))
-        const_pos, const_kw, _, _ = self._split(args, kwargs, layout)
+        const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
         expected = [constant_key(i, v) for i, v in const_pos] + [constant_key(k, v) for k, v in const_kw]
 
         def split(call_args, call_kwargs):
-            c_pos, c_kw, dyn_args, dyn_kwargs = self._split(call_args, call_kwargs, self._layout(len(call_args)))
+            layout = self._layout(len(call_args))
+            c_pos, c_kw, dyn_args, dyn_kwargs = split_call(self.info, call_args, call_kwargs, layout)
             got = [constant_key(i, v) for i, v in c_pos] + [constant_key(k, v) for k, v in c_kw]
             if got != expected:
                 raise ValueError(
@@ -477,119 +231,13 @@ class Pejitted:
         return functools.partial(self, obj)
 
     def __repr__(self) -> str:
-        return f"<{'pejit' if self._jit else 'pe'} function {self._name}>"
+        return f"<{'pejit' if self.info.jit else 'pe'} function {self.info.name}>"
 
 
-def _describe(what: int | str) -> str:
+def _argument_name(what: int | str) -> str:
     return f"argument {what}" if isinstance(what, int) else f"argument {what!r}"
 
 
-class BoundPejitted:
-    """The TFC form: constants bound from example arguments, folded eagerly.
-
-    Takes the non-constant arguments, in order. Calling it with arguments
-    whose shapes or dtypes differ from the examples re-specializes (as
-    ``jax.jit`` retraces); mutating a NumPy constant after creation is
-    noticed, never used stale.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from pejit import pejit
-      >>> A = 2 * jnp.eye(2)
-      >>> g = pejit(A, jnp.ones(2), constant_arg_nums=[0])(lambda A, x: jnp.linalg.inv(A) @ x)
-      >>> g(jnp.ones(2))
-      Array([0.5, 0.5], dtype=float32)
-      >>> g.lower(jnp.ones(2)).compile()(jnp.full(2, 4.0))
-      Array([2., 2.], dtype=float32)
-    """
-
-    def __init__(self, fun: Callable, example_args: tuple, constant_arg_nums, *, jit: bool, fold_options, jit_kwargs):
-        n = len(example_args)
-        const = _argnums.check_argnums("constant_arg_nums", constant_arg_nums, n)
-        self._n = n
-        self._const = {i: example_args[i] for i in sorted(const)}
-        self._dyn_positions = [i for i in range(n) if i not in self._const]
-        jit_kwargs = _to_full_signature(jit_kwargs, self._dyn_positions)
-        self._core = Pejitted(
-            _positional_only(fun, n), constant_argnums=tuple(self._const), jit=jit,
-            fold_options=fold_options, **jit_kwargs,
-        )
-        self._core._one_value = True
-        functools.update_wrapper(self, fun)
-        self._core.specialize(*example_args)
-        self._call = bound_dispatcher(n, self._const, self._core._layout(n).dispatch, self._full)
-
-    # Like ``Pejitted``'s: the call is one generated function (C-level property).
-    __call__ = property(operator.attrgetter("_call"))
-
-    def _full(self, args: tuple, kwargs: dict | None = None) -> tuple:
-        if kwargs:
-            raise _errors.tfc_keywords_error(self.__wrapped__, self._n, self._const, kwargs)
-        want = len(self._dyn_positions)
-        if len(args) != want:
-            raise TypeError(
-                f"{self.__name__} takes {want} positional argument{'s' if want != 1 else ''} "
-                f"(the non-constant ones) but {len(args)} were given"
-            )
-        return _merge(tuple(self._const.items()), args)
-
-    def lower(self, *args) -> Lowered:
-        lowered = self._core.lower(*self._full(args))
-        lowered._split = lambda a, k: (a, k)
-        return lowered
-
-    def trace(self, *args):
-        return self._core.trace(*self._full(args))
-
-    def eval_shape(self, *args):
-        return self._core.eval_shape(*self._full(args))
-
-    def specialize(self, *args) -> Specialization:
-        return self._core.specialize(*self._full(args))
-
-    def report(self, *args):
-        return self.specialize(*args).report
-
-    def __repr__(self) -> str:
-        return f"<{self._core!r} with constants at {list(self._const)}>"
-
-
-def _merge(const_pos: tuple, dyn_args: Sequence) -> list:
-    """Interleave ``(position, value)`` constants with the other arguments."""
-    out = list(dyn_args)
-    for i, v in const_pos:
-        out.insert(i, v)
-    return out
-
-
-def _positional_only(fun: Callable, n: int) -> Callable:
-    """``fun`` seen as taking exactly ``n`` positional arguments."""
-
-    @functools.wraps(fun)
-    def wrapper(*args):
-        return fun(*args)
-
-    del wrapper.__wrapped__  # its signature is positional, whatever fun's is
-    return wrapper
-
-
-def _to_full_signature(jit_kwargs: dict, dyn_positions: list[int]) -> dict:
-    """TFC form: map argument numbers of the reduced signature to the full one."""
-    kwargs = dict(jit_kwargs)
-    k = len(dyn_positions)
-    for name in ("static_argnums", "donate_argnums"):
-        if kwargs.get(name) is not None:
-            nums = _argnums.check_argnums(name, kwargs[name], k)
-            kwargs[name] = tuple(dyn_positions[i] for i in nums)
-    for name in ("static_argnames", "donate_argnames"):
-        if kwargs.get(name):
-            raise TypeError(f"{name} needs the jax.jit form of pejit; in the TFC form, give argument numbers")
-    in_shardings = kwargs.get("in_shardings")
-    if isinstance(in_shardings, (tuple, list)):
-        if len(in_shardings) != k:
-            raise ValueError(f"in_shardings has {len(in_shardings)} entries for {k} non-constant arguments")
-        full = [None] * (max(dyn_positions, default=-1) + 1)
-        for pos, s in zip(dyn_positions, in_shardings):
-            full[pos] = s
-        kwargs["in_shardings"] = tuple(full)
-    return kwargs
+def layout_dispatch(pj: Pejitted, n: int) -> Callable:
+    """The generated call of ``pj`` with ``n`` positional arguments."""
+    return pj._layout(n).dispatch

@@ -1,7 +1,7 @@
 """What a specialization is made of: residual program, folding program, constants.
 
 Specializations of one *structure* of constants (shapes, dtypes, static
-values; see ``Pejitted._specialize``) share a :class:`Program`: the residual
+values; see :func:`pejit._specializer.specialize`) share a :class:`Program`: the residual
 jaxpr, its runner and its executable, and, when tracing did not depend on
 constant values, the :class:`FoldingProgram` that maps new constant values
 to new folded constants. A :class:`Specialization` adds the folded
@@ -10,7 +10,6 @@ constants of one value.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import weakref
@@ -21,8 +20,9 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from . import _compat
+from ._folding import FoldStats
 from ._report import FoldReport
-from ._specialize import Residual, SharePlan
+from ._residual import Residual, SharePlan
 
 _tree_leaves = jax.tree_util.tree_leaves
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -31,23 +31,25 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 class Program:
     """What specializations of one structure share: residual program, executables.
 
-    ``fold`` is the folding program (constant array leaves in, folded
+    ``folding_program`` is the folding program (constant array leaves in, folded
     constants out) when tracing did not depend on constant values; then a
     new constant value costs one run of it. It is None for a value-dependent
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "nconsts", "out_tree", "report", "run", "fold")
+    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program")
 
     def __init__(
-        self, jaxpr, nconsts: int, out_tree, report: FoldReport, run: Callable, fold: FoldingProgram | None
+        self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
+        folding_program: FoldingProgram | None,
     ):
         self.jaxpr = jaxpr  # the open residual jaxpr; its first nconsts inputs are the folded constants
         self.nconsts = nconsts
         self.out_tree = out_tree
-        self.report = report
+        self.stats = stats  # what the trace folded, for the reports of its specializations
+        self.fallbacks = fallbacks
         self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
-        self.fold = fold
+        self.folding_program = folding_program
 
 
 class FoldingProgram:
@@ -98,10 +100,23 @@ class PerValue(NamedTuple):
 class Specialization:
     """One specialization: folded constants and the program that uses them.
 
-    ``call(*dyn_args, **dyn_kwargs)`` runs the residual program with the
-    folded constants bound. It is a ``functools.partial`` of the runner so
-    that a cached call costs one C-level call on top of the runner's own
-    ``jax.jit`` dispatch.
+    What ``Pejitted.specialize`` returns (and what a call runs): ``consts``
+    are the folded constants of this value, ``program`` is shared by every
+    value of the same structure. ``call(*dyn_args, **dyn_kwargs)`` runs the
+    residual program with the folded constants bound; it is a
+    ``functools.partial`` of the runner, so that a cached call costs one
+    C-level call on top of the runner's own ``jax.jit`` dispatch.
+    ``residual`` and ``report`` describe it (built on first use).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> f = pejit(lambda A, x: jnp.linalg.inv(A) @ x, constant_argnums=0)
+      >>> spec = f.specialize(2 * jnp.eye(2), jnp.ones(2))
+      >>> spec.call(jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> [e.primitive.name for e in spec.residual.jaxpr.eqns]
+      ['dot_general']
     """
 
     __slots__ = ("program", "consts", "call", "fold_seconds", "_residual")
@@ -124,9 +139,10 @@ class Specialization:
     @property
     def residual(self) -> Residual:
         if self._residual is None:
-            closed = _compat.close_jaxpr(self.program.jaxpr, self.consts)
-            report = dataclasses.replace(self.program.report, after=closed, fold_seconds=self.fold_seconds)
-            self._residual = Residual(closed, report)
+            program = self.program
+            closed = _compat.close_jaxpr(program.jaxpr, self.consts)
+            report = FoldReport.build(program.stats, closed, self.fold_seconds, fallbacks=program.fallbacks)
+            self._residual = Residual(closed, report, program.stats)
         return self._residual
 
     @property

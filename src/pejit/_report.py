@@ -52,8 +52,14 @@ class FoldReport:
         its ``consts``) and Python control flow on them already decided.
       known_invars: positions of ``before``'s inputs that were known (its
         ``consts`` always are).
-      strategy: how known sub-programs were evaluated (``"eager"``: equation
-        by equation as tracing reaches them).
+      batches: how the known work was evaluated, one record per batch
+        segment (``pejit._batch.BatchInfo``: number, back end, equations,
+        bytes, primitives). The back end is ``"eager"`` (op by op),
+        ``"compiled"`` (one ``jax.jit`` program) or ``"program"`` (staged into
+        the folding program of a value-independent structure, which is then
+        run: op by op for a first value, compiled for later ones).
+        ``backends`` counts them. Known results of at most 64 bytes are
+        computed on the spot, outside batches.
       hoisted: equations folded inside loop bodies and branches (hoisted
         out of them), by primitive; also counted in ``folded``.
       fallbacks: notes from the folding back end about work it could not
@@ -94,13 +100,18 @@ class FoldReport:
     before: Any = None
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     known_invars: tuple[int, ...] = ()
-    strategy: str = "eager"
+    batches: tuple = ()
     fallbacks: tuple[str, ...] = ()
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops_folded: float = 0.0
 
     @classmethod
-    def build(cls, stats: FoldStats, closed_jaxpr, seconds: float, before=None) -> FoldReport:
+    def build(
+        cls, stats: FoldStats, closed_jaxpr, seconds: float, *, before=None,
+        known_invars: tuple[int, ...] = (), fallbacks: tuple[str, ...] = (),
+    ) -> FoldReport:
+        """The report of a fold, field by field from its statistics: the one
+        place a report is made."""
         eqns = closed_jaxpr.jaxpr.eqns
         residual = Counter(eqn_label(e.primitive, e.params) for e in eqns)
         recomputed = Counter(
@@ -119,7 +130,15 @@ class FoldReport:
             hoisted=stats.hoisted,
             eager_evaluations=stats.eager_evaluations,
             flops_folded=stats.flops,
+            known_invars=known_invars,
+            batches=tuple(stats.batches),
+            fallbacks=fallbacks,
         )
+
+    @property
+    def backends(self) -> Counter:
+        """Batches of known work by the back end that evaluated them."""
+        return Counter(b.backend for b in self.batches)
 
     @property
     def folded_eqns(self) -> int:
@@ -183,7 +202,7 @@ class FoldReport:
             f"residual {_count(self.residual_eqns, 'equation')} ({_fmt(self.residual)})",
             f"folded constants: {_count(len(buffers), 'buffer')}, {self.folded_bytes:,} bytes; "
             f"{_count(len(self.literals), 'literal')}",
-            f"fold time: {self.fold_seconds * 1e3:.1f} ms ({self.strategy})",
+            f"fold time: {self.fold_seconds * 1e3:.1f} ms ({_batches(self.backends)})",
         ]
         lines.append(
             f"estimated FLOPs per call: {self.flops_removed:.3g} removed, {self.flops_residual:.3g} left"
@@ -433,3 +452,10 @@ def _aval(x):
     import jax
 
     return jax.typeof(x)
+
+
+def _batches(backends: Counter) -> str:
+    if not backends:
+        return "no batches"
+    n = sum(backends.values())
+    return f"{n} batch{'' if n == 1 else 'es'}: " + ", ".join(f"{n} {b}" for b, n in sorted(backends.items()))

@@ -43,13 +43,13 @@ The passes, in one place:
   residual program where XLA fuses it into its consumers, and is stored
   where a non-fusing one (``dot_general``, custom calls, loops) reads it.
   Expensive known work feeding it is still folded.
-``literals`` (:mod:`pejit._specialize`)
+``literals`` (:mod:`pejit._residual`)
   Folded scalars become literals of the residual jaxpr. Every other folded
   constant is an input of the residual program, so it reaches XLA as a
   device buffer (an argument), never as an HLO literal: lowering and
   compile time do not grow with it. Equal constants are passed once;
   uniform ones that only fusing equations read become broadcasts of a
-  literal (:class:`~pejit._specialize.SharePlan`).
+  literal (:class:`~pejit._residual.SharePlan`).
 
 Dead-code elimination of the residual jaxpr always runs.
 """

@@ -56,6 +56,7 @@ class Residual:
 
     jaxpr: ClosedJaxpr
     report: FoldReport
+    stats: FoldStats | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def consts(self) -> list[Any]:
@@ -73,6 +74,8 @@ def fold(
     *,
     name: str = "pejit",
     before: ClosedJaxpr | None = None,
+    known_invars: tuple[int, ...] = (),
+    fallbacks: tuple[str, ...] = (),
     retry_eager_bodies: bool = True,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work.
@@ -104,8 +107,10 @@ def fold(
         jax.block_until_ready(c)
     seconds = time.perf_counter() - start
     closed = _compat.close_jaxpr(jaxpr, consts)
-    report = FoldReport.build(folder.stats, closed, seconds, before=before)
-    return Residual(closed, report)
+    report = FoldReport.build(
+        folder.stats, closed, seconds, before=before, known_invars=known_invars, fallbacks=fallbacks
+    )
+    return Residual(closed, report, folder.stats)
 
 
 def specialize_jaxpr(
@@ -164,9 +169,10 @@ def specialize_jaxpr(
         args = [known[i] if i in known else next(it) for i in range(len(invars))]
         return replay(_compat.core_trace(), closed_jaxpr, args)
 
-    residual = fold(interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr)
-    report = dataclasses.replace(residual.report, known_invars=tuple(sorted(known)))
-    return Residual(residual.jaxpr, report)
+    return fold(
+        interpret, unknown_avals, options, name="specialize_jaxpr", before=closed_jaxpr,
+        known_invars=tuple(sorted(known)),
+    )
 
 
 def _inline_scalars(jaxpr, consts):

@@ -1,0 +1,127 @@
+"""The TFC form of pejit: :class:`BoundPejitted`.
+
+``pejit(*example_args, constant_arg_nums=[...])(f)`` folds immediately for
+the example arguments and returns a function of the remaining arguments. It
+wraps a :class:`~pejit._jit.Pejitted` of ``f`` whose constants are the bound
+positions; argument numbers in ``jax.jit`` keywords, given for the reduced
+signature, are mapped to the full one.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+
+from . import _argnums, _errors
+from ._argnums import interleave
+from ._dispatch import bound_dispatcher
+from ._jit import Pejitted, layout_dispatch
+from ._program import Specialization
+from ._stages import Lowered
+
+
+class BoundPejitted:
+    """The TFC form: constants bound from example arguments, folded eagerly.
+
+    Takes the non-constant arguments, in order. Calling it with arguments
+    whose shapes or dtypes differ from the examples re-specializes (as
+    ``jax.jit`` retraces); mutating a NumPy constant after creation is
+    noticed, never used stale.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> A = 2 * jnp.eye(2)
+      >>> g = pejit(A, jnp.ones(2), constant_arg_nums=[0])(lambda A, x: jnp.linalg.inv(A) @ x)
+      >>> g(jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> g.lower(jnp.ones(2)).compile()(jnp.full(2, 4.0))
+      Array([2., 2.], dtype=float32)
+    """
+
+    def __init__(self, fun: Callable, example_args: tuple, constant_arg_nums, *, jit: bool, fold_options, jit_kwargs):
+        n = len(example_args)
+        const = _argnums.check_argnums("constant_arg_nums", constant_arg_nums, n)
+        self._n = n
+        self._const = {i: example_args[i] for i in sorted(const)}
+        self._dyn_positions = [i for i in range(n) if i not in self._const]
+        jit_kwargs = _to_full_signature(jit_kwargs, self._dyn_positions)
+        self._core = Pejitted(
+            _positional_only(fun, n), constant_argnums=tuple(self._const), jit=jit,
+            fold_options=fold_options, one_value=True, **jit_kwargs,
+        )
+        functools.update_wrapper(self, fun)
+        self._core.specialize(*example_args)
+        self._call = bound_dispatcher(n, self._const, layout_dispatch(self._core, n), self._full)
+
+    # Like ``Pejitted``'s: the call is one generated function (C-level property).
+    __call__ = property(operator.attrgetter("_call"))
+
+    def _full(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        if kwargs:
+            raise _errors.tfc_keywords_error(self.__wrapped__, self._n, self._const, kwargs)
+        want = len(self._dyn_positions)
+        if len(args) != want:
+            raise TypeError(
+                f"{self.__name__} takes {want} positional argument{'s' if want != 1 else ''} "
+                f"(the non-constant ones) but {len(args)} were given"
+            )
+        return interleave(tuple(self._const.items()), args)
+
+    def lower(self, *args) -> Lowered:
+        # Its compiled form is called with the non-constant arguments only.
+        return self._core.lower(*self._full(args)).with_split(lambda a, k: (a, k))
+
+    def trace(self, *args):
+        return self._core.trace(*self._full(args))
+
+    def eval_shape(self, *args):
+        return self._core.eval_shape(*self._full(args))
+
+    def specialize(self, *args) -> Specialization:
+        return self._core.specialize(*self._full(args))
+
+    def report(self, *args):
+        return self.specialize(*args).report
+
+    def __repr__(self) -> str:
+        return f"<{self._core!r} with constants at {list(self._const)}>"
+
+
+def core_call(bound: BoundPejitted, args: tuple) -> tuple[Pejitted, list]:
+    """The ``Pejitted`` behind the TFC form, and the full arguments of a call."""
+    return bound._core, bound._full(args)
+
+
+def _positional_only(fun: Callable, n: int) -> Callable:
+    """``fun`` seen as taking exactly ``n`` positional arguments."""
+
+    @functools.wraps(fun)
+    def wrapper(*args):
+        return fun(*args)
+
+    del wrapper.__wrapped__  # its signature is positional, whatever fun's is
+    return wrapper
+
+
+def _to_full_signature(jit_kwargs: dict, dyn_positions: list[int]) -> dict:
+    """TFC form: map argument numbers of the reduced signature to the full one."""
+    kwargs = dict(jit_kwargs)
+    k = len(dyn_positions)
+    for name in ("static_argnums", "donate_argnums"):
+        if kwargs.get(name) is not None:
+            nums = _argnums.check_argnums(name, kwargs[name], k)
+            kwargs[name] = tuple(dyn_positions[i] for i in nums)
+    for name in ("static_argnames", "donate_argnames"):
+        if kwargs.get(name):
+            raise TypeError(f"{name} needs the jax.jit form of pejit; in the TFC form, give argument numbers")
+    in_shardings = kwargs.get("in_shardings")
+    if isinstance(in_shardings, (tuple, list)):
+        if len(in_shardings) != k:
+            raise ValueError(f"in_shardings has {len(in_shardings)} entries for {k} non-constant arguments")
+        full = [None] * (max(dyn_positions, default=-1) + 1)
+        for pos, s in zip(dyn_positions, in_shardings):
+            full[pos] = s
+        kwargs["in_shardings"] = tuple(full)
+    return kwargs
