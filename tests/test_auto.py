@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pejit import AutoCacheInfo, CacheInfo, explain, pe, pejit
+from pejit import AutoCacheInfo, CacheInfo, FoldOptions, explain, pe, pejit
 
 from ._util import primitive_names
 
@@ -322,3 +322,67 @@ def test_the_estimate_sees_static_arguments_values():
     for k in range(3):
         np.testing.assert_allclose(h(w + k, X, True), jax.jit(loss)(w + k, X), rtol=1e-4)
     assert h.decisions()[1][0] == "promoted"
+
+
+class _Compiles:
+    """Counts XLA compilations (JAX's public monitoring events)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __enter__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def _listen(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.count += 1
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def test_a_small_fold_is_promoted_as_one_compiled_program():
+    from pejit._auto import fold_plan
+
+    closed = jax.make_jaxpr(loss)(ws[0], data(0))
+    assert fold_plan(closed, [1]) == "compiled"  # 9 distinct operations: one program beats nine
+
+    def unrolled(w, X):  # many equations, few distinct ones: op by op is cheaper
+        for _ in range(200):
+            X = jnp.sin(X)
+        return jnp.sum(X @ w)
+
+    assert fold_plan(jax.make_jaxpr(unrolled)(ws[0], data(0)), [1]) == "auto"
+
+    X = data(3, n=40, m=30)
+    w = [jnp.full(30, float(i)) for i in range(4)]
+    explicit = pejit(loss, constant_argnums=1)
+    for options, most in ((None, 5), (FoldOptions(backend="eager"), None)):
+        jax.clear_caches()
+        f = pejit(loss, constant_argnums="auto", auto_min_flops=0, fold_options=options)
+        f(w[0], X)
+        expected = explicit(w[1], X)
+        with _Compiles() as compiles:
+            got = f(w[1], X)  # promoted here
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+        assert f.decisions()[1][0] == "promoted"
+        if most is not None:
+            # the fold program and the residual (plus scalar conversions),
+            # not one program per primitive of the fold
+            assert compiles.count <= most
+        else:
+            assert compiles.count > 5  # the user's back end is kept: op by op
+        for v in w[2:]:
+            np.testing.assert_allclose(f(v, X), explicit(v, X), rtol=1e-6)
+
+
+def test_a_new_promoted_object_is_folded_again_with_a_one_program_fold():
+    f = pejit(loss, constant_argnums="auto", auto_min_flops=0, auto_demote_after=5)
+    X1, X2 = data(4), data(5)
+    for X in (X1, X2, X1):
+        for w in ws[:3]:
+            check(f, w, X)
+    info = f.cache_info()
+    assert info.promotions == 3 and info.misses == 2  # X1 folded once, X2 once, X1 again a hit
+    assert f.decisions()[1][0] == "promoted"
