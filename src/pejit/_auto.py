@@ -12,6 +12,9 @@ instead of asking which arguments are fixed:
 * it then estimates, on the jaxpr, the FLOPs per call that folding that
   argument would remove (:func:`removed_flops`) and promotes it to a constant
   of a :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``;
+  a small fold is then evaluated by one compiled program rather than op by
+  op (:func:`fold_plan`: in a cold process each primitive would compile a
+  program of its own);
 * calls whose promoted arguments are those same objects (an O(1) identity
   guard, through weak references) go to the ``Pejitted``; any other call
   goes to the generic program, never to a new fold. An argument that changes
