@@ -104,6 +104,11 @@ def test_cheap_folds_are_not_promoted_and_the_reason_is_recorded():
     assert state == "kept dynamic" and "auto_min_flops" in why
     assert f.cache_info().misses == 0 and f.cache_info().promotions == 0
     assert f.report(ws[0], X).fold is None
+    # settled on the generic program: calls go straight to jax.jit, uncounted
+    settled = f.cache_info().generic_calls
+    for w in ws[6:9]:
+        np.testing.assert_allclose(f(w, X), jnp.sum(X @ w), rtol=1e-6)
+    assert f.cache_info().generic_calls == settled
     big = pejit(loss, constant_argnums="auto", auto_min_flops=1e12)
     X = data(0)
     for w in ws[:3]:
