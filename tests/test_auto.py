@@ -329,6 +329,20 @@ def test_the_estimate_sees_static_arguments_values():
     assert h.decisions()[1][0] == "promoted"
 
 
+
+def test_the_estimate_maps_keyword_arguments_by_name():
+    def g(w, *, b, a):  # passed b first; jax.jit flattens keywords by name (a, then b)
+        return loss(w, b) + jnp.sum(a)
+
+    f = pejit(g, constant_argnums="auto")
+    X = data(0, n=200, m=100)  # X.T @ X: 4e6 FLOPs, above the default threshold
+    w = jnp.ones(100)
+    for k in range(4):
+        a = jnp.full(3, float(k))  # changes every call
+        np.testing.assert_allclose(f(w + k, b=X, a=a), jax.jit(g)(w + k, b=X, a=a), rtol=1e-4)
+    assert f.decisions()["b"][0] == "promoted" and f.decisions()["a"][0] != "promoted"
+    assert f.cache_info().misses == 1
+
 class _Compiles:
     """Counts XLA compilations (JAX's public monitoring events)."""
 

@@ -315,7 +315,9 @@ class AutoPejitted:
     def _traced(self, args: tuple, kwargs: dict):
         """The function's jaxpr, every non-static argument abstract, and each argument's inputs in it.
 
-        Kept for the last argument types and static values seen (decisions are rare).
+        Its inputs are the leaves of the non-static positional arguments, then
+        of the keyword ones by name, as ``jax.jit`` flattens them. Kept for
+        the last argument types and static values seen (decisions are rare).
         """
         is_static = [i in self._static_nums or i - len(args) in self._static_nums for i in range(len(args))]
         static = [(i, v) for i, v in enumerate(args) if is_static[i]]
@@ -340,7 +342,12 @@ class AutoPejitted:
             return fun(*a, **kw, **static_kw)
 
         with _compat.at_top_level():
-            closed = jax.make_jaxpr(flat)(*leaves)
+            if self._jit:
+                # jax.jit's own trace: the generic call before this one made
+                # it (same types and static values), so it costs a cache hit
+                closed = self._generic.trace(*args, **kwargs).jaxpr
+            else:
+                closed = jax.make_jaxpr(flat)(*leaves)
         self._estimates = {"key": key, "value": (closed, ranges)}
         return closed, ranges
 
