@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shlex
+import sys
 from pathlib import Path
 
 import jax
@@ -45,7 +47,7 @@ def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Targe
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`",
         f"- load average when written (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}"
         " (the machine is shared; ratios are measured side by side for that reason)",
-        "- command: `python -m pejit.bench" + (" --quick" if ctx.quick else "") + "`",
+        "- command: `" + shlex.join(["python", "-m", "pejit.bench", *sys.argv[1:]]) + "`",
         "",
         "Steady-state times are medians of interleaved samples in one process;",
         "the steady-state targets use the median of ratios paired by round (each pair",
