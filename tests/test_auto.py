@@ -386,6 +386,8 @@ def test_a_small_fold_is_promoted_as_one_compiled_program():
             got = f(w[1], X)  # promoted here
         np.testing.assert_allclose(got, expected, rtol=1e-6)
         assert f.decisions()[1][0] == "promoted"
+        backends = f.report(w[1], X).fold.backends
+        assert (backends == {"compiled": 1}) == (most is not None)  # one compiled batch, or the user's eager
         if most is not None:
             # the fold program and the residual (plus scalar conversions),
             # not one program per primitive of the fold

@@ -284,12 +284,11 @@ class AutoPejitted:
             kwargs = self._pejit_kwargs
             options = kwargs["fold_options"] or FoldOptions()
             one_program = keys in self._one_program and options.backend == "auto"
-            if one_program:
-                kwargs = {**kwargs, "fold_options": dataclasses.replace(options, backend="compiled")}
+            if one_program:  # each promoted value folded concretely, in one pass, as pe(x, ...) does
+                kwargs = {**kwargs, "fold_options": dataclasses.replace(options, backend="compiled"),
+                          "one_value": True}
             special = self._special[keys] = Pejitted(
                 self._fun, constant_argnums=nums, constant_argnames=names, **kwargs)
-            if one_program:
-                special._one_value = True  # fold each promoted value concretely, as pe(x, ...) does
         return special
 
     def _one_compiled_fold(self, keys: tuple, args: tuple, kwargs: dict) -> bool:
