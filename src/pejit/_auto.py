@@ -182,7 +182,7 @@ class AutoPejitted:
         self._decisions: dict[int | str, Decision] = {}
         self._promoted: tuple = ()  # keys, positions first, then names
         self._estimates: dict = {}
-        self._one_program: set[tuple] = set()  # promoted sets folded by one compiled program (see _fold_plan)
+        self._one_program: set[tuple] = set()  # promoted sets folded by one compiled program (see fold_plan)
         self._lock = threading.RLock()
         self.promotions = self.demotions = self.generic_calls = 0
         self._dispatch: Callable = self._watching
