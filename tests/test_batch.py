@@ -188,3 +188,40 @@ def test_batches_on_abstract_constants(backend):
         A = np.random.default_rng(seed).standard_normal((40, 40)).astype(np.float32)
         np.testing.assert_allclose(g(A, x), jax.jit(f)(A, x), rtol=2e-4, atol=2e-4)
     assert len(traces) == 1  # one abstract trace, no per-value fallback
+
+
+# -- the first value of a folding program: one program or op by op -----------------
+
+
+def _ridge(X, w):
+    L = jnp.linalg.cholesky(X.T @ X + 0.1 * jnp.eye(X.shape[1], dtype=X.dtype))
+    return L @ w
+
+
+def _chain(a, w):
+    for _ in range(60):
+        a = a * 1.01 + 0.5
+    return a @ w
+
+
+def test_one_program_pays_for_many_distinct_operations_only():
+    X, w = jnp.ones((20, 4)), jnp.ones(4)
+    ridge = jax.make_jaxpr(lambda X: _ridge(X, w))(X).jaxpr
+    chain = jax.make_jaxpr(lambda a: _chain(a, w))(X[:4]).jaxpr
+    assert _batch.one_program_pays(ridge.eqns)  # transpose, dot, iota, ..., cholesky: a compile each
+    assert not _batch.one_program_pays(chain.eqns)  # 120 equations of two kinds
+    assert not _batch.one_program_pays(ridge.eqns[:1])
+
+
+@pytest.mark.parametrize("fun, compiled", [(_ridge, True), (_chain, False)], ids=["ridge", "chain"])
+def test_first_value_of_a_folding_program(fun, compiled):
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.standard_normal((20, 4)).astype(np.float32))
+    w = jnp.arange(4.0)
+    f = pejit(fun, constant_argnums=0)
+    np.testing.assert_allclose(f(X, w), jax.jit(fun)(X, w), rtol=1e-5)
+    folding = f.specialize(X, w).program.folding_program
+    assert (folding.compiled is not None) is compiled
+    X2 = X + 1.0  # a second value runs the compiled program either way
+    np.testing.assert_allclose(f(X2, w), jax.jit(fun)(X2, w), rtol=1e-5)
+    assert folding.compiled is not None

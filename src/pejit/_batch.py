@@ -152,6 +152,34 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     return segments
 
 
+def one_program_pays(eqns: Sequence[Any]) -> bool:
+    """Whether ``eqns``, evaluated once in a fresh process, cost less as one program.
+
+    Op by op, each distinct primitive/type pair compiles a program of its own
+    the first time a process evaluates it (``COMPILE_SECONDS`` each: measured
+    30-70 ms for a transpose, an ``iota``, a ``cholesky``); one program for
+    all of them costs one compile, growing with its size. Small folds of many
+    distinct operations, as ``cholesky(X.T @ X + lam * I)``, win by one
+    program; long folds of few distinct ones (an unrolled loop) lose.
+    """
+    eqns = list(eqns)
+    distinct = {
+        (e.primitive.name, tuple(str(v.aval) for v in e.invars), tuple(str(v.aval) for v in e.outvars))
+        for e in eqns
+    }
+    one_program = COMPILE_SECONDS + sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
+    return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
+
+
+def _compiled_size(eqn) -> int:
+    """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
+    if eqn.primitive.name not in CALLS:
+        return 1
+    jaxpr = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    return 1 if inner is None else max(1, sum(map(_compiled_size, inner.eqns)))
+
+
 def _fusible(prim, params) -> bool:
     if prim.name in CALLS:
         jaxpr = params.get("jaxpr") or params.get("call_jaxpr")

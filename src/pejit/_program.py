@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
-from . import _compat
+from . import _batch, _compat
 from ._folding import FoldStats
 from ._report import FoldReport
 from ._residual import Residual, SharePlan
@@ -56,8 +56,9 @@ class FoldingProgram:
     """Constant arrays in, folded constants out: a value-independent fold.
 
     The first value is folded by evaluating the program's jaxpr equation by
-    equation, as folding while tracing would (no compilation, so a first
-    call costs what eager folding costs). A second value means values do
+    equation, as folding while tracing would, unless compiling the program
+    costs less than compiling its primitives one by one
+    (:func:`pejit._batch.one_program_pays`). A second value means values do
     change: the program is then compiled once, and each new value costs one
     run of it. One that cannot be compiled (a primitive with only an
     ``impl``) keeps being evaluated equation by equation.
@@ -75,6 +76,12 @@ class FoldingProgram:
 
     def evaluate(self, *arrays) -> list:
         return jaxpr_as_fun(self.traced.jaxpr)(*arrays)
+
+    def first_value(self, *arrays) -> list:
+        """The folded constants of the first value (see the class docstring)."""
+        if _batch.one_program_pays(self.traced.jaxpr.eqns):
+            return self(*arrays)
+        return self.evaluate(*arrays)
 
     def __call__(self, *arrays) -> list:
         if self.compiled is None and self._compilable:

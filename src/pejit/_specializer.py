@@ -129,7 +129,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
     reason = why_per_value(traced["jaxpr"], traced["traces"])
     if reason is not None:
         return PerValue(reason), None
-    consts = program.evaluate(*arrays)
+    consts = program.first_value(*arrays)
     program.residual = traced["jaxpr"]
     unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
     return shared_program(info, layout, unshared, consts)
