@@ -38,8 +38,12 @@ def any_abstract(values: Iterable[Any]) -> bool:
     return any(is_abstract(x) for x in values)
 
 
-def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-    """Fold ``prim`` on known ``args``: evaluate it now, or, when some are
-    abstract, stage it into their outer program."""
-    outer = next((_compat.trace_of(x) for x in args if is_abstract(x)), None)
-    return _compat.evaluate(prim, args, params, outer)
+def outer_trace(values: Iterable[Any]):
+    """The trace of the first abstract constant among ``values``, else None."""
+    return next((_compat.trace_of(x) for x in values if is_abstract(x)), None)
+
+
+def evaluate(prim, args: Sequence[Any], params: dict, outer=None) -> Any:
+    """Fold ``prim`` on known ``args``: evaluate it now, or stage it into the
+    outer program of abstract constants (``outer``, or that of ``args``)."""
+    return _compat.evaluate(prim, args, params, outer or outer_trace(args))

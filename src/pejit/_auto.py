@@ -529,23 +529,13 @@ def _folded_eqns(jaxpr, known: set):
                 sub_jaxpr, set(sub_jaxpr.constvars) | {v for v, k in zip(sub_jaxpr.invars, ins) if k})
 
 
-def _size(eqn) -> int:
-    """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
-    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") if eqn.primitive in _CALLS else None
-    sub_jaxpr = getattr(sub, "jaxpr", sub)
-    return 1 if sub_jaxpr is None else max(1, sum(_size(e) for e in sub_jaxpr.eqns))
-
-
 def fold_plan(closed_jaxpr, known_invars) -> str:
     """How a promotion folds: ``"compiled"`` (one program) or ``"auto"`` (pejit's default).
 
     A promotion folds one value, usually in a process that has not
-    evaluated these primitives on these shapes before. Evaluated op by op,
-    each distinct primitive/type pair then compiles a program of its own
-    (``pejit._batch.COMPILE_SECONDS`` each: measured 30-70 ms here for a
-    transpose, an ``iota``, a ``cholesky``); one program for the whole fold
-    costs one compile, growing with its size. The fold runs as one program
-    when that is cheaper: small folds with many distinct operations, as
+    evaluated these primitives on these shapes before: the fold runs as one
+    program when that costs less than compiling each distinct primitive
+    (:func:`pejit._batch.one_program_pays`), as for
     ``cholesky(X.T @ X + lam * I)`` (9 equations, 9 programs against one).
     Large folds of few distinct operations (an unrolled loop) keep the
     default, op by op with a shared folding program.
@@ -557,13 +547,8 @@ def fold_plan(closed_jaxpr, known_invars) -> str:
       'compiled'
     """
     jaxpr = closed_jaxpr.jaxpr
-    eqns = list(_folded_eqns(jaxpr, set(jaxpr.constvars) | {jaxpr.invars[i] for i in known_invars}))
-    distinct = {(e.primitive.name, tuple(str(v.aval) for v in e.invars if not isinstance(v, Literal)),
-                 tuple(str(v.aval) for v in e.outvars)) for e in eqns}
-    size = sum(_size(e) for e in eqns)
-    one_program = _batch.COMPILE_SECONDS + size * _batch.COMPILE_SECONDS_PER_EQN
-    op_by_op = len(distinct) * _batch.COMPILE_SECONDS
-    return "compiled" if len(eqns) > 1 and one_program < op_by_op else "auto"
+    eqns = _folded_eqns(jaxpr, set(jaxpr.constvars) | {jaxpr.invars[i] for i in known_invars})
+    return "compiled" if _batch.one_program_pays(eqns) else "auto"
 
 
 def options(constant_argnums: Any, **auto: Any) -> dict | None:

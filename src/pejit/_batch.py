@@ -107,7 +107,11 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
 
     ``forced`` (``FoldOptions.backend``) overrides the cost model: ``"eager"``
     runs everything op by op, ``"compiled"`` compiles the whole batch as one
-    program (unless a primitive cannot be compiled).
+    program (unless a primitive cannot be compiled). ``"program"`` stages the
+    batch into the folding program of abstract constants it reads, its
+    concrete-only equations too (as an ``eye`` added to ``X.T @ X``): that
+    program is compiled as a whole, where evaluating them now would compile
+    each on its own.
 
     The cost model: a run of consecutive *fusible* equations (cheap
     elementwise arithmetic and data movement, which XLA fuses into one loop)
@@ -120,8 +124,8 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     a 50-op sin/mul/add/cos chain on 2048x2048 ran slower fused than op by
     op). A program already compiled for the same structure costs nothing.
     """
-    if forced == "eager" or len(recipes) < 2:
-        return [Segment("eager", tuple(recipes))]
+    if forced in ("eager", "program") or len(recipes) < 2:
+        return [Segment("program" if forced == "program" else "eager", tuple(recipes))]
     if forced == "compiled":
         lowerable = all(_compat.has_lowering(r.prim, platform) for r in recipes)
         return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
@@ -207,8 +211,12 @@ def run_batch(segments: Sequence[Segment], env: dict, outputs: Sequence[Any]) ->
                 env.update(zip(wanted, _run_compiled(seg.recipes, env, wanted)))
                 _release(env, uses, keep, [a for r in seg.recipes for a in r.args])
             else:
+                outer = None
+                if seg.backend == "program":
+                    outer = _abstract.outer_trace(env.get(a) if _is_var(a) else a for r in seg.recipes for a in r.args)
                 for r in seg.recipes:
-                    outs = _abstract.evaluate(r.prim, [env[a] if _is_var(a) else a for a in r.args], r.params)
+                    args = [env[a] if _is_var(a) else a for a in r.args]
+                    outs = _abstract.evaluate(r.prim, args, r.params, outer)
                     env.update(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     _release(env, uses, keep, r.args)
     return [env[v] for v in outputs]
@@ -217,8 +225,8 @@ def run_batch(segments: Sequence[Segment], env: dict, outputs: Sequence[Any]) ->
 def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
     """Whether the batch reads abstract constants (see :mod:`pejit._abstract`).
 
-    Then evaluating it stages it into the outer program, which is compiled
-    as a whole: the batch runs eagerly.
+    Then the batch is staged into the outer program, which is compiled as a
+    whole (the ``"program"`` back end of :func:`plan_batch`).
     """
     return _abstract.any_abstract(env.get(a) if _is_var(a) else a for r in recipes for a in r.args)
 

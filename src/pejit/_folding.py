@@ -508,7 +508,7 @@ class Folder:
             ))
             # Abstract constants: the batch is staged into the folding program.
             abstract = _batch.reads_abstract(batch, self._materialized)
-            backend = "eager" if abstract else self.options.backend
+            backend = "program" if abstract else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
             if final:
                 # hand the earlier values over: run_batch frees each at its last use
@@ -522,7 +522,7 @@ class Folder:
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
                 _batch.BatchInfo(
-                    number, "program" if abstract else seg.backend, len(seg.recipes),
+                    number, seg.backend, len(seg.recipes),
                     sum(r.out_bytes() for r in seg.recipes),
                     Counter(r.prim.name for r in seg.recipes),
                 )

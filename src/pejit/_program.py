@@ -58,14 +58,16 @@ class FoldingProgram:
     The first value is folded by evaluating the program's jaxpr equation by
     equation, as folding while tracing would, unless compiling the program
     costs less than compiling its primitives one by one
-    (:func:`pejit._batch.one_program_pays`). A second value means values do
+    (:func:`pejit._batch.one_program_pays`; ``backend``, the fold options'
+    back end, may force either). A second value means values do
     change: the program is then compiled once, and each new value costs one
     run of it. One that cannot be compiled (a primitive with only an
     ``impl``) keeps being evaluated equation by equation.
     """
 
-    def __init__(self, traced: jax.stages.Traced):
+    def __init__(self, traced: jax.stages.Traced, backend: str = "auto"):
         self.traced = traced
+        self.backend = backend
         self.compiled: Callable | None = None
         self._compilable = True
         # the residual jaxpr taking every folded constant, and which of them
@@ -79,7 +81,9 @@ class FoldingProgram:
 
     def first_value(self, *arrays) -> list:
         """The folded constants of the first value (see the class docstring)."""
-        if _batch.one_program_pays(self.traced.jaxpr.eqns):
+        if self.backend == "compiled" or (
+            self.backend == "auto" and _batch.one_program_pays(self.traced.jaxpr.eqns)
+        ):
             return self(*arrays)
         return self.evaluate(*arrays)
 

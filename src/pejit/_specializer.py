@@ -122,7 +122,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         return place(info, residual.consts, jax.lax.with_sharding_constraint)
 
     try:
-        program = FoldingProgram(jax.jit(folding_program).trace(*arrays))
+        program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
     except Exception as e:  # the trace needed a constant's value
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
