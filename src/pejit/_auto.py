@@ -49,7 +49,7 @@ from ._explain import explain
 from ._flops import eqn_flops
 from ._folding import FoldOptions
 from ._jit import Pejitted
-from ._keys import _immutable
+from ._keys import immutable
 from ._report import FoldReport
 
 #: The default ``auto_min_flops``: promotion costs one fold and one compile
@@ -220,7 +220,7 @@ class AutoPejitted:
                 d = decisions[key] = Decision()
             if d.state in (DEMOTED, DYNAMIC) or isinstance(value, _compat.Tracer):
                 continue  # a transformation's tracer says nothing about the next call
-            if isinstance(value, np.ndarray) and not _immutable(value):
+            if isinstance(value, np.ndarray) and not immutable(value):
                 if d.state == PROMOTED:
                     self.demotions += 1
                     self._promoted = tuple(k for k in self._promoted if k != key)
@@ -470,7 +470,7 @@ def _is_array(value: Any) -> bool:
 def _promotable(value: Any) -> bool:
     """An object whose identity fixes its value: a concrete jax.Array or frozen NumPy."""
     if isinstance(value, np.ndarray):
-        return _immutable(value)
+        return immutable(value)
     return isinstance(value, jax.Array) and not isinstance(value, _compat.Tracer)
 
 

@@ -61,7 +61,7 @@ def _leaf_key(what: int | str, leaf: Any) -> Any:
     if isinstance(leaf, jax.Array):
         return ("array", id(leaf))
     if isinstance(leaf, np.ndarray):
-        if _immutable(leaf):
+        if immutable(leaf):
             return ("frozen", id(leaf))
         data = np.ascontiguousarray(leaf)
         digest = hashlib.sha1(memoryview(data).cast("B")).digest()
@@ -78,7 +78,9 @@ def _leaf_key(what: int | str, leaf: Any) -> Any:
     return (type(leaf), leaf)
 
 
-def _immutable(a: np.ndarray) -> bool:
+def immutable(a: np.ndarray) -> bool:
+    """Whether nobody can write ``a``: it and every array it views are read-only
+    (a read-only view of a writable array can still change under it)."""
     while isinstance(a, np.ndarray):
         if a.flags.writeable:
             return False
@@ -90,7 +92,7 @@ def watched(leaves: list[Any]) -> list[Any]:
     """The leaves a value key holds by identity: the cache watches them."""
     return [
         leaf for leaf in leaves
-        if isinstance(leaf, jax.Array) or (isinstance(leaf, np.ndarray) and _immutable(leaf))
+        if isinstance(leaf, jax.Array) or (isinstance(leaf, np.ndarray) and immutable(leaf))
     ]
 
 
