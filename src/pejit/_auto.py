@@ -41,7 +41,6 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Literal
-from jax.extend.core import primitives as P
 
 from . import _argnums, _batch, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
@@ -50,6 +49,7 @@ from ._flops import eqn_flops
 from ._folding import FoldOptions
 from ._jit import Pejitted
 from ._keys import immutable
+from ._primitives import called_jaxpr
 from ._report import FoldReport
 
 #: The default ``auto_min_flops``: promotion costs one fold and one compile
@@ -60,8 +60,6 @@ from ._report import FoldReport
 DEFAULT_MIN_FLOPS = 2e6
 
 WATCHING, PROMOTED, DEMOTED, DYNAMIC = "watching", "promoted", "demoted", "kept dynamic"
-
-_CALLS = (_compat.jit_p, P.closed_call_p)
 
 
 @dataclasses.dataclass
@@ -522,9 +520,7 @@ def _folded_eqns(jaxpr, known: set):
         if all(ins) and not eqn.effects:
             yield eqn
             known.update(eqn.outvars)
-        elif any(ins) and eqn.primitive in _CALLS:
-            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-            sub_jaxpr = getattr(sub, "jaxpr", sub)
+        elif any(ins) and (sub_jaxpr := called_jaxpr(eqn.primitive, eqn.params)) is not None:
             yield from _folded_eqns(
                 sub_jaxpr, set(sub_jaxpr.constvars) | {v for v, k in zip(sub_jaxpr.invars, ins) if k})
 

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from . import _abstract, _compat
-from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED
+from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -177,17 +177,13 @@ def one_program_pays(eqns: Sequence[Any]) -> bool:
 
 def _compiled_size(eqn) -> int:
     """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
-    if eqn.primitive.name not in CALLS:
-        return 1
-    jaxpr = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    inner = called_jaxpr(eqn.primitive, eqn.params)
     return 1 if inner is None else max(1, sum(map(_compiled_size, inner.eqns)))
 
 
 def _fusible(prim, params) -> bool:
     if prim.name in CALLS:
-        jaxpr = params.get("jaxpr") or params.get("call_jaxpr")
-        inner = getattr(jaxpr, "jaxpr", jaxpr)
+        inner = called_jaxpr(prim, params)
         return inner is not None and all(_fusible(e.primitive, e.params) for e in inner.eqns)
     return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in NOT_FUSED
 

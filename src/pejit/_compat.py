@@ -207,9 +207,6 @@ def _probe(required=_REQUIRED, methods=_METHODS, trace_class=None) -> None:
 
 _probe()
 
-if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
-    from ._folding import FoldPolicy
-
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
 _canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)

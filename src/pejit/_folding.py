@@ -358,7 +358,7 @@ class Folder:
         known by this, never by ``isinstance(x, Tracer)``, so that a folding
         program's trace takes the decisions the concrete trace would take.
         """
-        return getattr(_compat.trace_of(x), "policy", None) is self
+        return _compat.policy_of(x) is self
 
     def is_abstract(self, x) -> bool:
         """Whether ``x`` is an abstract constant: known, but without a value yet."""

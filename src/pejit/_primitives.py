@@ -68,3 +68,11 @@ NOT_FUSED = frozenset(["sin", "cos", "tan"])
 
 #: Call-like primitives, by name: fusible when everything they call is.
 CALLS = frozenset(["jit", "pjit", "closed_call"])
+
+
+def called_jaxpr(prim, params: dict):
+    """The (open) jaxpr a call-like primitive of :data:`CALLS` runs; None for others."""
+    if prim.name not in CALLS:
+        return None
+    jaxpr = params.get("jaxpr") or params.get("call_jaxpr")
+    return getattr(jaxpr, "jaxpr", jaxpr)

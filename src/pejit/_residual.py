@@ -219,7 +219,7 @@ class SharePlan:
 
     ``jaxpr`` is the residual rewritten so; ``keep`` the positions of the
     constants it still takes. A value-independent folding program (see
-    ``_jit``) applies the plan of its first value to later values when
+    ``_specializer``) applies the plan of its first value to later values when
     :meth:`select` finds it holds for them.
     """
 
