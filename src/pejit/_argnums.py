@@ -120,6 +120,33 @@ def resolve(
     return frozenset(nums_out), frozenset(names_out)
 
 
+def jit_argnums(
+    sig: inspect.Signature | None, nargs: int | None, nums: Any, names: Any
+) -> tuple[frozenset[int], frozenset[str]]:
+    """``static_argnums``/``static_argnames`` (or the ``donate_`` pair) as ``jax.jit`` reads them.
+
+    ``jax.jit`` has validated them already (pejit builds it first, so that its
+    errors are jax.jit's own). As there, the names are inferred from the numbers,
+    or the numbers from the names, only when one of the two is missing: given
+    both, they may disagree, and each is kept as given. Entries may repeat.
+    Negative numbers are normalized when ``nargs`` (the positional arguments
+    ``fun`` takes) is known.
+    """
+    nums_in = () if nums is None else (nums,) if _is_int(nums) else tuple(nums)
+    names_in = () if names is None else (names,) if isinstance(names, str) else tuple(names)
+    if sig is not None and (nums is None) != (names is None):
+        by_position = [
+            (i, k) for i, (k, p) in enumerate(sig.parameters.items())
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ]
+        if nums is None:
+            nums_in = tuple(i for i, k in by_position if k in names_in)
+        else:
+            names_in = tuple(k for i, k in by_position if i in nums_in)
+    out = frozenset(int(i) % nargs if nargs else int(i) for i in nums_in)
+    return out, frozenset(names_in)
+
+
 def check_disjoint(what_a: str, a: tuple[frozenset, frozenset], what_b: str, b: tuple[frozenset, frozenset]) -> None:
     """Raise ValueError if an argument is in both ``a`` and ``b``."""
     for i in sorted(a[0] & b[0]):

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
-from . import _argnums, _batch, _compat
+from . import _batch, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
 from ._explain import explain
 from ._flops import eqn_flops
@@ -159,34 +159,31 @@ class AutoPejitted:
     ):
         self._pejit_kwargs = dict(jit=jit, fold_options=fold_options, cache_size=cache_size,
                                   constant_shardings=constant_shardings, **jit_kwargs)
+        self._options = dict(auto_after=auto_after, auto_demote_after=auto_demote_after,
+                             auto_min_flops=auto_min_flops, **self._pejit_kwargs)  # what pickling keeps
         # Built now: Pejitted validates the function and every option (jax.jit's keywords too).
         plain = Pejitted(fun, **self._pejit_kwargs)
         self._special: dict[tuple, Pejitted] = {(): plain}
         self._fun, self._name, self._jit = fun, plain.info.name, jit
         self._after, self._demote_after = auto_after, auto_demote_after
         self._min_flops = DEFAULT_MIN_FLOPS if auto_min_flops is None else auto_min_flops
-        self._generic = jax.jit(fun, **jit_kwargs) if jit else fun
-        sig = _argnums.signature(fun)
-        nargs = _argnums.positional_count(sig)
-        fixed = [
-            _argnums.resolve(nums, sig, _argnums.check_argnums(nums, jit_kwargs.get(nums), nargs),
-                             _argnums.check_argnames(names, jit_kwargs.get(names)))
-            for nums, names in (("static_argnums", "static_argnames"), ("donate_argnums", "donate_argnames"))
-        ]
+        # Without constants, the plain function is jax.jit(fun, **jit_kwargs) itself.
+        self._generic = plain._jitted if jit else fun
+        info = plain.info  # no constants: its fixed arguments are the static ones
         # Static arguments are keyed by value anyway, donated ones are consumed.
-        self._excluded_nums = frozenset().union(*(f[0] for f in fixed))
-        self._excluded_names = frozenset().union(*(f[1] for f in fixed))
-        self._static_nums, self._static_names = fixed[0]
+        self._excluded_nums = info.fixed_nums | info.donate_nums
+        self._excluded_names = info.fixed_names | info.donate_names
+        self._static_nums, self._static_names = info.fixed_nums, info.fixed_names
         self._decisions: dict[int | str, Decision] = {}
         self._promoted: tuple = ()  # keys, positions first, then names
         self._estimates: dict = {}
         self._one_program: set[tuple] = set()  # promoted sets folded by one compiled program (see fold_plan)
         self._lock = threading.RLock()
         self.promotions = self.demotions = self.generic_calls = 0
-        self._dispatch: Callable = self._watching
         functools.update_wrapper(self, fun)
 
-    # The call is whatever ``_dispatch`` holds (a C-level property, as in Pejitted).
+    # The call is whatever ``_dispatch`` holds (a C-level property, as in
+    # Pejitted): the instance's, once set, else the class's ``_watching``.
     __call__ = property(operator.attrgetter("_dispatch"))
 
     # -- watching ---------------------------------------------------------
@@ -197,6 +194,14 @@ class AutoPejitted:
                 self.generic_calls += 1
                 target = self._generic
         return target(*args, **kwargs)
+
+    _dispatch = _watching
+
+    def _watch(self) -> None:
+        """Calls go to ``_watching``, bound on each call: a bound method kept
+        on the instance would be a reference cycle, and keep it (and what
+        ``fun`` closes over) alive past its last reference."""
+        vars(self).pop("_dispatch", None)
 
     def _candidates(self, args: tuple, kwargs: dict):
         for i, v in enumerate(args):
@@ -352,14 +357,14 @@ class AutoPejitted:
         """When every argument is decided, make the call a generated function."""
         decisions = self._decisions
         if any(d.state == WATCHING or (d.state == PROMOTED and d.streak < self._after) for d in decisions.values()):
-            self._dispatch = self._watching
+            self._watch()
             return
         if not self._promoted:
             self._dispatch = self._generic
             return
         positions = [k for k in self._promoted if isinstance(k, int)]
         if len(positions) < len(self._promoted) or not positions:
-            self._dispatch = self._watching  # keywords: the general path
+            self._watch()  # keywords: the general path
             return
         refs = {f"r{i}": decisions[i].ref for i in positions}
         n = 1 + max(positions)
@@ -372,9 +377,12 @@ class AutoPejitted:
         exec(source, namespace)  # noqa: S102 -- built from integer positions only
         self._dispatch = namespace["call"]
 
-    def _forget(self, _ref) -> None:
-        """A promoted object died: its identity may be reused, so stop trusting the guard."""
-        self._dispatch = self._watching
+    @property
+    def _forget(self) -> Callable:
+        """The callback of a watched argument's weak reference: when the object
+        dies, its identity may be reused, so the guard is no longer trusted. It
+        holds this object weakly (see ``_watch``)."""
+        return functools.partial(_forget, weakref.ref(self))
 
     # -- introspection ----------------------------------------------------
     def decisions(self) -> dict:
@@ -401,16 +409,25 @@ class AutoPejitted:
                           sum(i.currsize for i in infos))
         return AutoCacheInfo(total, self.promotions, self.demotions, self.generic_calls)
 
-    def cache_clear(self) -> None:
-        """Forget every decision and specialization (jax.jit's own cache is left alone)."""
+    def clear_cache(self) -> None:
+        """Forget every decision and specialization, and clear ``jax.jit``'s caches of the function."""
         with self._lock:
             for p in self._special.values():
-                p.cache_clear()
+                p.clear_cache()
             self._decisions.clear()
             self._promoted = ()
             self._estimates.clear()
             self.promotions = self.demotions = self.generic_calls = 0
-            self._dispatch = self._watching
+            self._watch()
+
+    def cache_clear(self) -> None:
+        """The same as ``clear_cache`` (the name ``functools.lru_cache`` gives it)."""
+        self.clear_cache()
+
+    def _cache_size(self) -> int:
+        """Compiled entries: the generic program's (``jax.jit``'s), and the promoted specializations."""
+        generic = self._generic._cache_size() if self._jit else 0
+        return generic + sum(p._cache_size() for keys, p in self._special.items() if keys)
 
     def _route(self, args: tuple, kwargs: dict) -> Pejitted | None:
         """The ``Pejitted`` these arguments would run now, or None (generic); no state changes."""
@@ -457,8 +474,23 @@ class AutoPejitted:
             return self
         return functools.partial(self, obj)
 
+    def __getstate__(self) -> dict:
+        """The function and its options, as ``Pejitted``'s; decisions and caches are not pickled."""
+        return {"function_name": self._name, "fun": self._fun, "options": self._options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["fun"], **state["options"])
+
     def __repr__(self) -> str:
-        return f"<{'pejit' if self._jit else 'pe'} function {self._name} (constant_argnums='auto')>"
+        """``jax.jit``'s repr, as the generic program's until an argument is promoted."""
+        return repr(self._special[()])
+
+
+def _forget(auto_ref: weakref.ref, _ref: weakref.ref) -> None:
+    """A watched argument died (see ``AutoPejitted._forget``)."""
+    auto = auto_ref()
+    if auto is not None:
+        auto._watch()
 
 
 def _is_array(value: Any) -> bool:

@@ -56,6 +56,12 @@ Internals used, why no public API does the job, and where versions differ:
   compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
 * ``mlir._lowerings``: whether a known sub-program can be compiled at all
   (primitives with only an ``impl`` must run op by op).
+* ``api_util.check_callable`` and ``util.fun_name``: what ``jax.jit`` accepts
+  as a function (its ``TypeError``s, word for word, in every version) and
+  the name it gives one (``functools.partial`` unwrapped).
+* ``config.disable_jit``: the state behind ``jax.disable_jit()``, read on
+  every call as ``jax.jit``'s own dispatch reads it (``jax.config`` has no
+  cheap public read).
 * ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
   in the user's function while pejit traces it shows the user's frames, not
   pejit's, exactly as ``jax.jit`` hides JAX's (and ``JAX_TRACEBACK_FILTERING=off``
@@ -104,6 +110,7 @@ try:
     from jax._src import dtypes
     from jax._src import linear_util as lu
     from jax._src import source_info_util
+    from jax._src import util as _util
     from jax._src.interpreters import mlir as _mlir
     from jax._src.interpreters import partial_eval as _pe
 except ImportError as e:  # pragma: no cover - only on an unsupported JAX
@@ -163,6 +170,9 @@ _REQUIRED = [
     (_pe, "move_binders_to_back", "splitting loop bodies"),
     (_config, "eager_constant_folding", "scoping JAX's own folding"),
     (api_util, "debug_info", "debug metadata of the traced function"),
+    (api_util, "check_callable", "jax.jit's errors for what is not a function"),
+    (_util, "fun_name", "jax.jit's name for a function"),
+    (_config, "disable_jit", "jax.disable_jit()"),
     (lu, "wrap_init", "wrapping the traced function"),
     (source_info_util, "current", "source information of staged equations"),
     (source_info_util, "reset_name_stack", "tracing like make_jaxpr"),
@@ -206,6 +216,12 @@ def _probe(required=_REQUIRED, methods=_METHODS, trace_class=None) -> None:
 
 
 _probe()
+
+check_callable = api_util.check_callable
+fun_name = _util.fun_name
+#: ``jax.disable_jit()``'s state: ``DISABLE_JIT.value`` is true under it (read
+#: per call, so the hot path reads the attribute itself).
+DISABLE_JIT = _config.disable_jit
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.

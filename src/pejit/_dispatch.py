@@ -32,7 +32,7 @@ class Layout(NamedTuple):
 
 _SOURCE = """
 def dispatch(*args, **kwargs):
-    if kwargs or len(args) != {n}:
+    if kwargs or len(args) != {n}{disabled}:
         return route(args, kwargs)
     if dead:
         purge()
@@ -54,14 +54,16 @@ def dispatch(*args, **kwargs):
 
 
 def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: FastPath,
-                route: Callable, uncached: Callable) -> Callable:
+                route: Callable, uncached: Callable, disable_jit: Any = None) -> Callable:
     """The call with ``n`` positional arguments, through the ``cache`` view.
 
     A cache hit is served in one straight-line frame: the residual is called
     through a C-level ``functools.partial``, and a call with the same
     constants as the last hit skips the dictionary too (``cache.last``).
     Other numbers of arguments and keyword arguments go to ``route``,
-    misses (and constants that are not bare arrays) to ``uncached``.
+    misses (and constants that are not bare arrays) to ``uncached``; so do
+    all calls while ``disable_jit.value`` is true (``jax.disable_jit()``'s
+    state, for a compiled function).
 
     The key is the one ``Pejitted._key`` computes when every constant is a
     bare ``jax.Array`` and every dynamic argument an array: the identity of
@@ -77,8 +79,9 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     source = _SOURCE.format(
         n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
         dynamic=", ".join(f"args[{i}]" for i in dyn),
+        disabled="" if disable_jit is None else " or disable_jit.value",
     )
-    namespace = cache._asdict() | {"route": route, "uncached": uncached}
+    namespace = cache._asdict() | {"route": route, "uncached": uncached, "disable_jit": disable_jit}
     exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]
 

@@ -124,11 +124,15 @@ def check_decoration(name: str, args: tuple, constant_arg_nums: Any, keywords: I
             f"with jax.jit, write constant_argnums: {name}({fname}, constant_argnums={constant_arg_nums!r})"
         )
     if constant_arg_nums is None and len(args) == 1 and not callable(args[0]):
-        raise TypeError(
-            f"{name}: the first argument must be the function to specialize, but {_short(args[0])} "
-            f"is not callable. Write {name}(f, constant_argnums=...), or {name}(*example_args, "
-            f"constant_arg_nums=[...])(f) for the TFC form, which takes example arguments"
-        )
+        try:
+            _compat.check_callable(args[0])  # jax.jit's TypeError, in this JAX's words
+        except TypeError as e:
+            e.add_note(
+                f"{name}: the first argument must be the function to specialize, but {_short(args[0])} "
+                f"is not callable. Write {name}(f, constant_argnums=...), or {name}(*example_args, "
+                f"constant_arg_nums=[...])(f) for the TFC form, which takes example arguments"
+            )
+            raise
 
 
 def _is_function(x: Any) -> bool:

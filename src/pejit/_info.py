@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from . import _argnums
+from . import _argnums, _compat
 from ._cache import DEFAULT_CACHE_SIZE
 from ._folding import FoldOptions
 
@@ -26,6 +26,8 @@ class PejitInfo:
 
     ``fixed_nums``/``fixed_names``: the constant and static arguments, which
     are concrete while tracing and keyed by value (they only differ in name).
+    ``constants``: some argument is constant; without one, a pejit function
+    is ``jax.jit`` itself (see :class:`~pejit._jit.Pejitted`).
     ``jit_kwargs``: the remaining ``jax.jit`` keywords, for the runner.
     ``one_value``: the constants never change (the TFC form binds them), so
     each specialization folds concretely, with no folding program.
@@ -43,6 +45,7 @@ class PejitInfo:
     donate_nums: frozenset[int]
     donate_names: frozenset[str]
     jit_kwargs: Mapping[str, Any]
+    constants: bool = True
     one_value: bool = False
 
 
@@ -58,9 +61,12 @@ def parse_pejit_arguments(
     one_value: bool = False,
     **jit_kwargs: Any,
 ) -> PejitInfo:
-    """Check the options of ``pejit(fun, ...)`` and resolve argument numbers and names."""
-    if not callable(fun):
-        raise TypeError(f"pejit: expected a callable to specialize, got {type(fun).__name__} {fun!r}")
+    """Check the options of ``pejit(fun, ...)`` and resolve argument numbers and names.
+
+    ``jax.jit``'s own options (static and donated arguments among them) are
+    checked by ``jax.jit`` first, for ``pejit``; here they are only read.
+    """
+    _compat.check_callable(fun)  # jax.jit's errors: not callable, staticmethod, generator
     options = fold_options or FoldOptions()
     if not isinstance(options, FoldOptions):
         raise TypeError(f"fold_options must be a pejit.FoldOptions, got {type(options).__name__}")
@@ -83,20 +89,20 @@ def parse_pejit_arguments(
     const = resolve("constant_argnums", constant_argnums, "constant_argnames", constant_argnames)
     if not jit and jit_kwargs:
         raise TypeError(f"pe does not compile, so it takes no jax.jit keywords; got {sorted(jit_kwargs)}")
-    static = resolve(
-        "static_argnums", jit_kwargs.pop("static_argnums", None),
-        "static_argnames", jit_kwargs.pop("static_argnames", None),
+    static = _argnums.jit_argnums(
+        sig, nargs, jit_kwargs.pop("static_argnums", None), jit_kwargs.pop("static_argnames", None)
     )
-    donate = resolve(
-        "donate_argnums", jit_kwargs.pop("donate_argnums", None),
-        "donate_argnames", jit_kwargs.pop("donate_argnames", None),
+    donate = _argnums.jit_argnums(
+        sig, nargs, jit_kwargs.pop("donate_argnums", None), jit_kwargs.pop("donate_argnames", None)
     )
+    constants = bool(const[0] or const[1])
     _argnums.check_disjoint("constant_argnums/constant_argnames", const, "static_argnums/static_argnames", static)
     _argnums.check_disjoint("constant_argnums/constant_argnames", const, "donate_argnums/donate_argnames", donate)
-    _argnums.check_disjoint("static_argnums/static_argnames", static, "donate_argnums/donate_argnames", donate)
+    if constants:  # without constants, jax.jit itself runs the call, and raises for this at the call
+        _argnums.check_disjoint("static_argnums/static_argnames", static, "donate_argnums/donate_argnames", donate)
     return PejitInfo(
         fun=fun,
-        name=getattr(fun, "__name__", type(fun).__name__),
+        name=_compat.fun_name(fun),
         jit=jit,
         fold_options=options,
         cache_size=cache_size,
@@ -107,6 +113,7 @@ def parse_pejit_arguments(
         donate_nums=donate[0],
         donate_names=donate[1],
         jit_kwargs=types.MappingProxyType(jit_kwargs),
+        constants=constants,
         one_value=one_value,
     )
 

@@ -1,7 +1,8 @@
 """The ``jax.jit`` form of pejit: :class:`Pejitted`.
 
 A thin object over its parsed options (:class:`~pejit._info.PejitInfo`):
-it builds one dispatcher per argument layout (:mod:`pejit._dispatch`),
+without constant arguments it is ``jax.jit(f)`` under another name; with
+them it builds one dispatcher per argument layout (:mod:`pejit._dispatch`),
 keys calls, keeps specializations in its :class:`~pejit._cache.Caches`, and
 serves ``jax.jit``'s staged API. Folding is the specializer's
 (:mod:`pejit._specializer`); the TFC form wraps a ``Pejitted``
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +24,11 @@ import jax
 from . import _compat, _errors
 from ._cache import CacheInfo, Caches
 from ._dispatch import Layout, dispatcher, straight_line
+from ._folding import FoldStats
 from ._info import fixed_positions, parse_pejit_arguments, split_call
 from ._keys import TracedConstant, constant_key, dynamic_key, watched
-from ._program import Specialization
-from ._specializer import specialize
+from ._program import Program, Specialization
+from ._specializer import make_runner, specialize
 from ._stages import Lowered
 
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -34,6 +37,15 @@ _tree_leaves = jax.tree_util.tree_leaves
 
 class _KW:
     """Tags the keyword part of a cache key."""
+
+
+#: Options of ``Pejitted`` that are pejit's; the others are ``jax.jit``'s.
+_PEJIT_OPTIONS = frozenset(
+    {"constant_argnums", "constant_argnames", "jit", "fold_options", "cache_size", "constant_shardings", "one_value"}
+)
+
+#: Why a function without constant arguments folds nothing (its report says it).
+NO_CONSTANTS = "no constant arguments: every call is jax.jit's, nothing is folded"
 
 
 class Pejitted:
@@ -47,6 +59,14 @@ class Pejitted:
     ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
     ``report`` summarizes a specialization. ``info`` holds the options,
     parsed and checked once (``pejit._info.PejitInfo``).
+
+    Without constant arguments there is nothing to fold, and a ``pejit``
+    function is ``jax.jit(f, **jit_kwargs)``: calls, ``lower``, ``trace``,
+    ``eval_shape``, ``clear_cache``, ``_cache_size`` and ``repr`` are its own,
+    so that values, errors, caching (shared with other ``jax.jit`` objects of
+    ``f``), ``jax.disable_jit()`` and memory behave exactly as with
+    ``jax.jit``. ``jax.jit`` is built in any case, first: its errors for the
+    function and for its own options are the ones the user sees.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -64,15 +84,28 @@ class Pejitted:
     """
 
     def __init__(self, fun: Callable, **options: Any):
+        jit = options.get("jit", True)
+        self._jitted = _jax_jit(fun, options) if jit else None
         # Every option is checked here, once (see :func:`parse_pejit_arguments`).
         self.info = parse_pejit_arguments(fun, **options)
+        self._options = options  # what pickling keeps
         self._caches = Caches(self.info.cache_size)
         self._layouts: dict[int, Layout] = {}
-        self._dispatch = _compat.api_boundary(lambda *args, **kwargs: self._route(args, kwargs))
+        if self._is_jax_jit:
+            # jax.jit's object itself: no Python frame of pejit's, and no
+            # reference cycle, so nothing outlives this object
+            self._dispatch = self._jitted
+        else:
+            self._dispatch = _compat.api_boundary(lambda *args, **kwargs: self._route(args, kwargs))
         self._lock = threading.RLock()  # layouts, the warning
         self._warned = False
         self._hints_given: set[str] = set()  # see _errors.check_constants/check_folded
         functools.update_wrapper(self, fun)
+
+    @property
+    def _is_jax_jit(self) -> bool:
+        """Calls are ``jax.jit``'s: compiled, without constant arguments."""
+        return self._jitted is not None and not self.info.constants
 
     # -- the cache ----------------------------------------------------------
     def cache_info(self) -> CacheInfo:
@@ -89,9 +122,24 @@ class Pejitted:
         """
         return self._caches.info()
 
-    def cache_clear(self) -> None:
-        """Drop every specialization and compiled program, and reset the statistics."""
+    def clear_cache(self) -> None:
+        """Drop every specialization and compiled program, and reset the statistics.
+
+        As ``jax.jit(f).clear_cache()``, whose caches it clears too.
+        """
         self._caches.clear()
+        if self._jitted is not None:
+            self._jitted.clear_cache()
+
+    def cache_clear(self) -> None:
+        """The same as ``clear_cache`` (the name ``functools.lru_cache`` gives it)."""
+        self.clear_cache()
+
+    def _cache_size(self) -> int:
+        """Compiled entries: ``jax.jit``'s without constant arguments, else specializations."""
+        if self._is_jax_jit:
+            return self._jitted._cache_size()
+        return self._caches.info().currsize
 
     # -- calling ----------------------------------------------------------
     # A call is one generated function, the dispatcher of the first layout
@@ -101,6 +149,8 @@ class Pejitted:
     __call__ = property(operator.attrgetter("_dispatch"))
 
     def _route(self, args: tuple, kwargs: dict):
+        if self._jitted is not None and _compat.DISABLE_JIT.value:
+            return self.info.fun(*args, **kwargs)  # as jax.jit does: no trace, no fold
         layout = None if kwargs else self._layouts.get(len(args))
         if layout is not None:
             return layout.dispatch(*args)
@@ -131,7 +181,8 @@ class Pejitted:
             fixed = fixed_positions(self.info, n)
             const = tuple(i for i in range(n) if i in fixed)
             dyn = tuple(i for i in range(n) if i not in fixed)
-            dispatch = dispatcher(n, const, dyn, self._caches.fast_path(), self._route, self._uncached)
+            dispatch = dispatcher(n, const, dyn, self._caches.fast_path(), self._route, self._uncached,
+                                  None if self._jitted is None else _compat.DISABLE_JIT)
             layout = Layout(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
             with self._lock:
                 self._layouts[n] = layout
@@ -174,7 +225,12 @@ class Pejitted:
     # -- jax.jit's staged API --------------------------------------------
     @_compat.api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
-        """Lower the residual program for these arguments, as ``jax.jit`` does."""
+        """Lower the residual program for these arguments, as ``jax.jit`` does.
+
+        Without constant arguments, ``jax.jit``'s own ``jax.stages.Lowered``.
+        """
+        if self._is_jax_jit:
+            return self._jitted.lower(*args, **kwargs)
         spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("lower")
         return Lowered(spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
@@ -182,6 +238,8 @@ class Pejitted:
     @_compat.api_boundary
     def trace(self, *args, **kwargs):
         """Trace the residual program for these arguments (``jax.stages.Traced``)."""
+        if self._is_jax_jit:
+            return self._jitted.trace(*args, **kwargs)
         spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("trace")
         return spec.run.trace(*spec.consts, *dyn_args, **dyn_kwargs)
@@ -189,14 +247,31 @@ class Pejitted:
     @_compat.api_boundary
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
+        if self._is_jax_jit:
+            return self._jitted.eval_shape(*args, **kwargs)
         spec, _, _ = self._specialized_call(args, kwargs)
         outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     @_compat.api_boundary
     def specialize(self, *args, **kwargs) -> Specialization:
-        """The specialization these arguments select (folding if needed)."""
+        """The specialization these arguments select (folding if needed).
+
+        Without constant arguments, ``jax.jit``'s program, nothing folded.
+        """
+        if self._is_jax_jit:
+            return self._jax_specialization(args, kwargs)
         return self._specialized_call(args, kwargs)[0]
+
+    def _jax_specialization(self, args: tuple, kwargs: dict) -> Specialization:
+        """What a call without constant arguments runs: ``jax.jit``'s jaxpr, its
+        closed-over values as the constants."""
+        traced = self._jitted.trace(*args, **kwargs)
+        jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)
+        out_tree = jax.tree_util.tree_structure(traced.out_info)
+        run = make_runner(self.info, self._layout(len(args)), jaxpr, len(consts), out_tree)
+        program = Program(jaxpr, len(consts), out_tree, FoldStats(), (NO_CONSTANTS,), run, None)
+        return Specialization(program, consts, 0.0)
 
     def report(self, *args, **kwargs):
         """The [`FoldReport`][pejit.FoldReport] of the specialization for these arguments."""
@@ -230,8 +305,40 @@ class Pejitted:
             return self
         return functools.partial(self, obj)
 
+    def __getstate__(self) -> dict:
+        """The function and its options; caches are not pickled. ``function_name``
+        is ``jax.jit``'s key (``functools.partial`` unwrapped)."""
+        return {"function_name": self.info.name, "fun": self.info.fun, "options": self._options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["fun"], **state["options"])
+
     def __repr__(self) -> str:
-        return f"<{'pejit' if self.info.jit else 'pe'} function {self.info.name}>"
+        if self._is_jax_jit:
+            return repr(self._jitted)
+        kind = "pejit" if self.info.jit else "pe"
+        try:
+            return f"<{kind} function of {self.info.fun!r}>"
+        except Exception:  # noqa: BLE001 -- as jax.jit's: a repr that fails is left out
+            return f"<{kind} function>"
+
+
+def _jax_jit(fun: Callable, options: dict) -> Callable:
+    """``jax.jit`` of ``fun`` with its own options in ``options``.
+
+    With constant arguments it only checks the options; then a function that
+    cannot be weakly referenced is wrapped in a ``functools.partial``, as
+    jaxlib (0.10 to 0.12 at least) may crash when a ``jax.jit`` object of
+    such a function is freed. Without constants it is the call, ``jax.jit``'s
+    own (which rejects such a function when called).
+    """
+    jax_options = {k: v for k, v in options.items() if k not in _PEJIT_OPTIONS}
+    if callable(fun) and (options.get("constant_argnums") or options.get("constant_argnames")):
+        try:
+            weakref.ref(fun)
+        except TypeError:
+            fun = functools.partial(fun)
+    return jax.jit(fun, **jax_options)
 
 
 def _argument_name(what: int | str) -> str:
@@ -239,5 +346,5 @@ def _argument_name(what: int | str) -> str:
 
 
 def layout_dispatch(pj: Pejitted, n: int) -> Callable:
-    """The generated call of ``pj`` with ``n`` positional arguments."""
-    return pj._layout(n).dispatch
+    """The generated call of ``pj`` with ``n`` positional arguments (``jax.jit``'s, without constants)."""
+    return pj._dispatch if pj._is_jax_jit else pj._layout(n).dispatch
