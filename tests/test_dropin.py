@@ -405,3 +405,14 @@ def test_report_without_constants_is_jax_jits_program():
     assert "no constant arguments" in spec.report.fallbacks[0]
     np.testing.assert_allclose(spec.call(jnp.ones(3)), np.sin(np.arange(3.0)), rtol=1e-6)
     assert explain(f, jnp.ones(3)).folded_eqns == 0
+
+
+def test_methods_bind_as_jax_jits(jit):
+    class A:
+        @jit(static_argnums=0)
+        def m(self, x):
+            return x + 1
+
+    a = A()
+    assert type(a.m) is type(jax.jit(lambda self, x: x).__get__(a, A))
+    assert a.m.__self__ is a and a.m(1) == 2

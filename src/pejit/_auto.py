@@ -34,6 +34,7 @@ import functools
 import math
 import operator
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -472,7 +473,7 @@ class AutoPejitted:
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
-        return functools.partial(self, obj)
+        return types.MethodType(self, obj)  # a bound method, as jax.jit's
 
     def __getstate__(self) -> dict:
         """The function and its options, as ``Pejitted``'s; decisions and caches are not pickled."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -303,7 +304,7 @@ class Pejitted:
     def __get__(self, obj, objtype=None):
         if obj is None:
             return self
-        return functools.partial(self, obj)
+        return types.MethodType(self, obj)  # a bound method, as jax.jit's
 
     def __getstate__(self) -> dict:
         """The function and its options; caches are not pickled. ``function_name``
