@@ -416,3 +416,18 @@ def test_methods_bind_as_jax_jits(jit):
     a = A()
     assert type(a.m) is type(jax.jit(lambda self, x: x).__get__(a, A))
     assert a.m.__self__ is a and a.m(1) == 2
+
+
+def test_compiled_with_constants_names_dynamic_arguments_as_jax_jit():
+    # the residual program's runner has the function's parameter names
+    def f(a, x, *, s=1.0):
+        return jnp.sin(a) * x * s
+
+    a, x = jnp.ones(2), jnp.ones(2)
+    ours = pejit(f, constant_argnums=0).lower(a, x).compile()
+    theirs = jax.jit(f).lower(a, x).compile()
+    e, expected = raised(lambda: ours(a, x.astype(jnp.int32))), raised(lambda: theirs(a, x.astype(jnp.int32)))
+    assert type(e) is type(expected)
+    mismatch = [line for line in str(expected).splitlines() if line.startswith("Argument 'x'")]
+    assert mismatch and mismatch[0] in str(e).splitlines()
+    np.testing.assert_array_equal(ours(a, x), theirs(a, x))

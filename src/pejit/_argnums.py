@@ -147,6 +147,50 @@ def jit_argnums(
     return out, frozenset(names_in)
 
 
+def positional_names(sig: inspect.Signature | None, n: int) -> frozenset[str]:
+    """The names of the first ``n`` positional parameters of ``sig``."""
+    if sig is None:
+        return frozenset()
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return frozenset([p.name for p in sig.parameters.values() if p.kind in kinds][:n])
+
+
+def runner_signature(
+    sig: inspect.Signature | None, nconsts: int, n: int, dyn: Sequence[int], fixed_names: frozenset[str]
+) -> inspect.Signature | None:
+    """The signature of a residual program's runner, ``run(*folded, *dyn_args, **dyn_kwargs)``.
+
+    The folded constants first, then the function's own parameters at the
+    dynamic positions ``dyn`` of a call with ``n`` positional arguments, and
+    its keyword parameters that are not fixed:
+    ``jax.jit`` names the runner's arguments from it, so that its messages
+    about a dynamic argument (a compiled program called with other types)
+    name the parameter, as for the function itself. ``None`` if the function
+    has no signature (then ``jax.jit`` numbers them).
+    """
+    if sig is None:
+        return None
+    P = inspect.Parameter
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    var_positional = [p for p in params if p.kind is P.VAR_POSITIONAL]
+    out = [P(f"_folded_constant_{i}", P.POSITIONAL_ONLY) for i in range(nconsts)]
+    out += [positional[i].replace(kind=P.POSITIONAL_ONLY, default=P.empty) for i in dyn if i < len(positional)]
+    if any(i >= len(positional) for i in dyn):
+        out += var_positional
+    out += [
+        p.replace(kind=P.KEYWORD_ONLY) for p in params
+        if p.name not in fixed_names and (
+            p.kind is P.KEYWORD_ONLY or (p.kind is P.POSITIONAL_OR_KEYWORD and positional.index(p) >= n)
+        )
+    ]
+    out += [p for p in params if p.kind is P.VAR_KEYWORD]
+    try:
+        return inspect.Signature(out)
+    except ValueError:  # names are a nicety: jax.jit numbers the arguments then
+        return None
+
+
 def check_disjoint(what_a: str, a: tuple[frozenset, frozenset], what_b: str, b: tuple[frozenset, frozenset]) -> None:
     """Raise ValueError if an argument is in both ``a`` and ``b``."""
     for i in sorted(a[0] & b[0]):

@@ -9,6 +9,7 @@ happens in :func:`parse_pejit_arguments`, and the specializer
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ class PejitInfo:
     cache_size: int | None
     constant_shardings: Any
     nargs: int | None  # positional arguments ``fun`` takes; None: any number
+    signature: inspect.Signature | None  # ``fun``'s, None if it has none
     fixed_nums: frozenset[int]
     fixed_names: frozenset[str]
     donate_nums: frozenset[int]
@@ -108,6 +110,7 @@ def parse_pejit_arguments(
         cache_size=cache_size,
         constant_shardings=constant_shardings,
         nargs=nargs,
+        signature=sig,
         fixed_nums=const[0] | static[0],
         fixed_names=const[1] | static[1],
         donate_nums=donate[0],

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from . import _compat, _errors
+from . import _argnums, _compat, _errors
 from ._argnums import interleave
 from ._cache import SpecializationCache
 from ._dispatch import Layout
@@ -193,8 +193,11 @@ def place(info: PejitInfo, consts: list, put: Callable) -> list:
 
 def make_runner(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree) -> Callable:
     run = runner(jaxpr, nconsts, out_tree)
-    # The user's name in profiles and dumps: the HLO module is jit_<name>.
+    # The user's name in profiles and dumps: the HLO module is jit_<name>;
+    # and its parameters' names in jax.jit's messages about the arguments.
     run.__name__ = run.__qualname__ = info.name
+    n = len(layout.const) + len(layout.dyn)
+    run.__signature__ = _argnums.runner_signature(info.signature, nconsts, n, layout.dyn, info.fixed_names)
     if info.jit:
         run = jax.jit(run, **jit_kwargs_for(info, layout, nconsts))
     return run
@@ -208,8 +211,10 @@ def jit_kwargs_for(info: PejitInfo, layout: Layout, nconsts: int) -> dict:
     donate = [dyn_index[i % nargs] for i in info.donate_nums if -nargs <= i < nargs]
     if donate:
         kwargs["donate_argnums"] = tuple(donate)
-    if info.donate_names:
-        kwargs["donate_argnames"] = tuple(info.donate_names)
+    # names the call passes by keyword (the runner's signature takes the others by position)
+    donate_names = info.donate_names - _argnums.positional_names(info.signature, nargs)
+    if donate_names:
+        kwargs["donate_argnames"] = tuple(donate_names)
     in_shardings = kwargs.get("in_shardings")
     if isinstance(in_shardings, (tuple, list)):
         if len(in_shardings) != nargs:
