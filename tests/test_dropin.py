@@ -431,3 +431,15 @@ def test_compiled_with_constants_names_dynamic_arguments_as_jax_jit():
     mismatch = [line for line in str(expected).splitlines() if line.startswith("Argument 'x'")]
     assert mismatch and mismatch[0] in str(e).splitlines()
     np.testing.assert_array_equal(ours(a, x), theirs(a, x))
+
+
+def test_specializations_depend_on_the_axis_environment():
+    # folding evaluates what the function reads of the named axes, so they key the specialization
+    a = jnp.ones(2)
+    f = pejit(lambda a, x: jnp.sin(a) * x * jax.lax.axis_size("i"), constant_argnums=0)
+    g = pejit(lambda a: jax.lax.axis_size("i") * a, constant_argnums=0)
+    for n in (2, 3, 2):
+        ours = jax.vmap(lambda x: f(a, x), axis_name="i")(jnp.ones((n, 2)))
+        np.testing.assert_allclose(ours, np.full((n, 2), n * np.sin(1.0)), rtol=1e-6)
+        np.testing.assert_array_equal(jax.vmap(lambda x: g(a) + x, axis_name="i")(jnp.zeros((n, 2))), n)
+    assert f.cache_info().currsize == 2  # one per axis size

@@ -62,6 +62,12 @@ Internals used, why no public API does the job, and where versions differ:
 * ``config.disable_jit``: the state behind ``jax.disable_jit()``, read on
   every call as ``jax.jit``'s own dispatch reads it (``jax.config`` has no
   cheap public read).
+* ``core.get_axis_env`` and the ``axis_env_state`` config: the named axes
+  (``vmap``/``shard_map`` axis names and sizes) a call runs under, which
+  ``jax.jit`` keys its caches on. The environment is an ``AxisEnv`` whose
+  ``axis_sizes`` map names to sizes in every version; the state holds the
+  (interned) ``AxisEnv`` itself in ``core`` on recent JAX, its hashable key
+  (``()`` at top level) in ``config`` on 0.7.
 * ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
   in the user's function while pejit traces it shows the user's frames, not
   pejit's, exactly as ``jax.jit`` hides JAX's (and ``JAX_TRACEBACK_FILTERING=off``
@@ -173,6 +179,8 @@ _REQUIRED = [
     (api_util, "check_callable", "jax.jit's errors for what is not a function"),
     (_util, "fun_name", "jax.jit's name for a function"),
     (_config, "disable_jit", "jax.disable_jit()"),
+    (core, "get_axis_env", "keying specializations on the named axes"),
+    (core, "top_axis_env", "the call hot path's check for named axes"),
     (lu, "wrap_init", "wrapping the traced function"),
     (source_info_util, "current", "source information of staged equations"),
     (source_info_util, "reset_name_stack", "tracing like make_jaxpr"),
@@ -222,6 +230,27 @@ fun_name = _util.fun_name
 #: ``jax.disable_jit()``'s state: ``DISABLE_JIT.value`` is true under it (read
 #: per call, so the hot path reads the attribute itself).
 DISABLE_JIT = _config.disable_jit
+#: The named axes in effect: ``AXIS_ENV.value is NO_AXES`` at top level (a
+#: cheap check for the hot path; see :func:`axis_env_key` for the key).
+if hasattr(core, "axis_env_state"):
+    AXIS_ENV, NO_AXES = core.axis_env_state, core.top_axis_env
+elif hasattr(_config, "axis_env_state"):  # JAX 0.7: the environment's hashable key
+    AXIS_ENV, NO_AXES = _config.axis_env_state, ()
+else:  # pragma: no cover - only on an unsupported JAX
+    raise _missing("core.axis_env_state", "the named axes in effect")
+
+
+def axis_env_key() -> tuple:
+    """The named axes a call runs under (names and sizes), ``()`` at top level.
+
+    Part of a specialization's key, as of ``jax.jit``'s: a function may read
+    them (``lax.axis_size``), and folding evaluates what it reads.
+    """
+    env = core.get_axis_env()
+    spmd = getattr(env, "spmd_axis_names", ())
+    if not env.axis_sizes and not spmd:
+        return ()
+    return tuple(env.axis_sizes.items()), frozenset(spmd)
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.

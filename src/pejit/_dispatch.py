@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from . import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
 
@@ -32,8 +33,10 @@ class Layout(NamedTuple):
 
 _SOURCE = """
 def dispatch(*args, **kwargs):
-    if kwargs or len(args) != {n}{disabled}:
+    if kwargs or len(args) != {n}:
         return route(args, kwargs)
+    if {unusual}:
+        return uncached(args, kwargs)
     if dead:
         purge()
     memo = last[0]
@@ -63,7 +66,8 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     Other numbers of arguments and keyword arguments go to ``route``,
     misses (and constants that are not bare arrays) to ``uncached``; so do
     all calls while ``disable_jit.value`` is true (``jax.disable_jit()``'s
-    state, for a compiled function).
+    state, for a compiled function) or named axes are in effect (``vmap``
+    with an axis name: the full key includes them).
 
     The key is the one ``Pejitted._key`` computes when every constant is a
     bare ``jax.Array`` and every dynamic argument an array: the identity of
@@ -79,9 +83,12 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     source = _SOURCE.format(
         n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
         dynamic=", ".join(f"args[{i}]" for i in dyn),
-        disabled="" if disable_jit is None else " or disable_jit.value",
+        unusual="axes.value is not no_axes" + ("" if disable_jit is None else " or disable_jit.value"),
     )
-    namespace = cache._asdict() | {"route": route, "uncached": uncached, "disable_jit": disable_jit}
+    namespace = cache._asdict() | {
+        "route": route, "uncached": uncached, "disable_jit": disable_jit,
+        "axes": _compat.AXIS_ENV, "no_axes": _compat.NO_AXES,
+    }
     exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]
 

@@ -40,6 +40,10 @@ class _KW:
     """Tags the keyword part of a cache key."""
 
 
+class _AXES:
+    """Tags the named-axes part of a cache key."""
+
+
 #: Options of ``Pejitted`` that are pejit's; the others are ``jax.jit``'s.
 _PEJIT_OPTIONS = frozenset(
     {"constant_argnums", "constant_argnames", "jit", "fold_options", "cache_size", "constant_shardings", "one_value"}
@@ -150,8 +154,6 @@ class Pejitted:
     __call__ = property(operator.attrgetter("_dispatch"))
 
     def _route(self, args: tuple, kwargs: dict):
-        if self._jitted is not None and _compat.DISABLE_JIT.value:
-            return self.info.fun(*args, **kwargs)  # as jax.jit does: no trace, no fold
         layout = None if kwargs else self._layouts.get(len(args))
         if layout is not None:
             return layout.dispatch(*args)
@@ -159,6 +161,8 @@ class Pejitted:
 
     @_compat.api_boundary  # an error in the user's function shows no pejit frames
     def _uncached(self, args: tuple, kwargs: dict):
+        if self._jitted is not None and _compat.DISABLE_JIT.value:
+            return self.info.fun(*args, **kwargs)  # as jax.jit does: no trace, no fold
         try:
             spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         except TracedConstant as e:
@@ -192,10 +196,11 @@ class Pejitted:
         return layout
 
     def _key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
-        """The cache key of a call: constants' values, then dynamic arguments' types.
+        """The cache key of a call: constants' values, then dynamic arguments' types,
+        then the named axes it runs under, if any (see ``_compat.axis_env_key``).
 
-        For positional ``jax.Array`` arguments, the layout's hot path
-        (:func:`dispatcher`) computes the same key inline.
+        For positional ``jax.Array`` arguments at top level, the layout's hot
+        path (:func:`dispatcher`) computes the same key inline.
         """
         key = [constant_key(i, args[i]) for i in layout.const]
         key += [dynamic_key(args[i], i) for i in layout.dyn]
@@ -204,6 +209,9 @@ class Pejitted:
             key.append((_KW, tuple(sorted(
                 (k, constant_key(k, v) if k in fixed else dynamic_key(v, k)) for k, v in kwargs.items()
             ))))
+        axes = _compat.axis_env_key()
+        if axes:
+            key.append((_AXES, axes))
         return tuple(key)
 
     def _specialized_call(self, args: tuple, kwargs: dict):
