@@ -144,6 +144,14 @@ class AutoPejitted:
       'promoted'
     """
 
+    # State in slots, as in Pejitted (which says why).
+    __slots__ = (
+        "_pejit_kwargs", "_special", "_fun", "_name", "_jit", "_after", "_demote_after", "_min_flops", "_generic",
+        "_excluded_nums", "_excluded_names", "_static_nums", "_static_names", "_decisions", "_promoted",
+        "_estimates", "_one_program", "_lock", "promotions", "demotions", "generic_calls", "_dispatch",
+        "__dict__", "__weakref__",
+    )
+
     def __init__(
         self,
         fun: Callable,

@@ -63,6 +63,14 @@ class Pejitted:
       {'dot_general': 1}
     """
 
+    # State lives in slots: ``functools.update_wrapper`` (below, and in JAX's
+    # transformations wrapping a pejit function) copies a function's
+    # ``__dict__`` onto its wrapper, which would hand this function's options
+    # and caches to another (``pejit(jax.grad(h))`` ran ``h``). The
+    # ``__dict__`` holds only the wrapped function's attributes, as jax.jit's.
+    __slots__ = ("info", "_caches", "_layouts", "_dispatch", "_lock", "_warned", "_hints_given",
+                 "__dict__", "__weakref__")
+
     def __init__(self, fun: Callable, **options: Any):
         # Every option is checked here, once (see :func:`parse_pejit_arguments`).
         self.info = parse_pejit_arguments(fun, **options)
