@@ -75,7 +75,9 @@ policy identifies lazy values by their ``Var``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -406,6 +408,37 @@ def at_top_level():
     return core.set_current_trace(core.eval_trace)
 
 
+class ClosedOverTracer(Exception):
+    """A function being specialized reached a tracer of a trace its specialization did not open.
+
+    Such a tracer belongs to an outer transformation the function closes over
+    (``jax.grad(lambda y: pejit(lambda x: x * y)(2.0))``), or leaked from an
+    earlier trace. A specialization built at top level, and cached, must not
+    capture it: the caller runs the function without one.
+    """
+
+
+#: The traces a specialization being built may meet, or None outside of
+#: :func:`specializing` (nothing is checked).
+_admitted: contextvars.ContextVar[weakref.WeakSet | None] = contextvars.ContextVar("pejit_admitted", default=None)
+
+
+@contextlib.contextmanager
+def specializing():
+    """Context for building a specialization: at top level, meeting only its own traces.
+
+    A folding trace opened inside admits itself and its parent (the trace of
+    a folding program's abstract constants); a tracer of any other trace
+    that reaches one raises :class:`ClosedOverTracer`.
+    """
+    token = _admitted.set(weakref.WeakSet())
+    try:
+        with core.set_current_trace(core.eval_trace):
+            yield
+    finally:
+        _admitted.reset(token)
+
+
 def evaluating():
     """Context in which binds evaluate (or ``jax.jit`` compiles) for real.
 
@@ -475,6 +508,20 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     def __init__(self, debug_info, parent_trace, policy: FoldPolicy):
         super().__init__(debug_info, parent_trace=parent_trace)
         self.policy = policy
+        admitted = _admitted.get()
+        if admitted is not None:
+            admitted.add(self)
+            if parent_trace is not None:
+                admitted.add(parent_trace)
+
+    def to_jaxpr_tracer(self, x, source_info):
+        # Every value that enters the residual program passes here: a tracer
+        # of a trace the specialization did not open must not (see specializing).
+        if isinstance(x, core.Tracer) and x._trace is not self:
+            admitted = _admitted.get()
+            if admitted is not None and x._trace not in admitted:
+                raise ClosedOverTracer(f"a value of type {x.aval.str_short()} from an outer trace ({x._trace})")
+        return super().to_jaxpr_tracer(x, source_info)
 
     def as_current(self):
         """Context in which JAX operations go through this trace (and its policy)."""

@@ -120,6 +120,11 @@ class Pejitted:
             spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
+        except _compat.ClosedOverTracer:
+            # As jax.jit traces again inside each outer trace: the function,
+            # run under the caller's trace, sees the tracer it closes over
+            # (or fails on a leaked one, as jax.jit's call does).
+            return self.info.fun(*args, **kwargs)
         return spec.call(*dyn_args, **dyn_kwargs)
 
     def _fallback(self, e: TracedConstant, args, kwargs):
@@ -172,7 +177,7 @@ class Pejitted:
     def _build(self, args: tuple, kwargs: dict, layout: Layout):
         """A new specialization for this call, and the constants it dies with."""
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
-        with _compat.at_top_level():
+        with _compat.specializing():
             spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
         const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(self.info.name, const_leaves, self._hints_given)
