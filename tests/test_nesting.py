@@ -166,3 +166,18 @@ def test_warning_under_python_c():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("where", ["created", "closed_over", "argument"])
+def test_effect_tokens(where):
+    token = jax.lax.create_token()
+    fun = {
+        "created": lambda x: (jax.lax.create_token(), x * 2),
+        "closed_over": lambda x: (token, x * 2),
+        "argument": lambda t, x: (t, x * 2),
+    }[where]
+    args = (token, 1.0) if where == "argument" else (1.0,)
+    for _ in range(2):
+        got, want = pejit(fun)(*args), jax.jit(fun)(*args)
+        assert type(got[0]) is type(want[0])
+        assert float(got[1]) == float(want[1]) == 2.0

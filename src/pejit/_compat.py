@@ -235,6 +235,7 @@ Var = _xcore.Var
 Jaxpr = _xcore.Jaxpr
 ClosedJaxpr = _xcore.ClosedJaxpr
 ShapedArray = core.ShapedArray
+Token = core.Token  # the value of an effect token (jax.lax.create_token)
 eval_jaxpr = core.eval_jaxpr
 set_current_trace = core.set_current_trace
 eval_trace = core.eval_trace
