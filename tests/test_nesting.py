@@ -181,3 +181,138 @@ def test_effect_tokens(where):
         got, want = pejit(fun)(*args), jax.jit(fun)(*args)
         assert type(got[0]) is type(want[0])
         assert float(got[1]) == float(want[1]) == 2.0
+
+
+# -- property: nestings against jax.jit --------------------------------------------
+#: One example compiles a few dozen small programs; the suite-wide budget
+#: (PEJIT_RANDOM_EXAMPLES, see test_random_programs) is shared.
+EXAMPLES = max(1, int(os.environ.get("PEJIT_RANDOM_EXAMPLES", 500)) // 20)
+
+N = 3
+_C = jnp.array([[0.5, -0.2, 0.1], [0.3, 0.4, -0.6], [-0.1, 0.2, 0.3]])
+_K = jnp.array([0.7, -0.3, 0.2])
+
+BASES = {
+    "poly": lambda x: x * x + jnp.sin(x),
+    "closure": lambda x: jnp.tanh(_C @ x) + x,  # closes over a concrete array
+    "reduce": lambda x: x * jnp.sum(jnp.cos(x)),
+}
+
+
+def _with_constant(c, x, g):
+    """Work on the constant alone (folded by pejit), then ``g`` on the dynamic input."""
+    return g(x) * (jnp.sum(jnp.exp(c)) / 4.0) + jnp.cos(c) * x
+
+
+#: Each layer maps a function of x: f32[N] -> f32[N] to another; ``jit``
+#: is what the layer's jit is (pejit, or jax.jit for the reference). A layer
+#: that is a new function wraps the old one with ``functools.wraps``, as a
+#: user's decorator would (and as JAX's transformations do).
+LAYERS = {
+    "jit": lambda g, jit: jax.jit(g),
+    "pejit": lambda g, jit: jit(g),
+    "pejit_const": lambda g, jit: _constant_layer(g, jit, {"constant_argnums": 0}, keyword=False),
+    "pejit_const_name": lambda g, jit: _constant_layer(g, jit, {"constant_argnames": "c"}, keyword=True),
+    "pejit_auto": lambda g, jit: _constant_layer(
+        g, jit, {"constant_argnums": "auto", "auto_min_flops": 0}, keyword=False),
+    "grad": lambda g, jit: _wraps(g, lambda x: jax.grad(_wraps(g, lambda x: jnp.sum(jnp.sin(g(x)))))(x)),
+    "vjp": lambda g, jit: _wraps(g, lambda x: _vjp(g, x)),
+    "jvp": lambda g, jit: _wraps(g, lambda x: (lambda p, t: p + 0.5 * t)(*jax.jvp(g, (x,), (jnp.cos(x),)))),
+    "vmap": lambda g, jit: _wraps(g, lambda x: jax.vmap(g)(jnp.stack([x, 0.5 * x])).sum(0)),
+    "checkpoint": lambda g, jit: jax.checkpoint(g),
+    "has_aux": lambda g, jit: _wraps(g, lambda x: (lambda d, aux: d + aux)(
+        *jax.grad(_wraps(g, lambda x: (jnp.sum(g(x) ** 2) / 2, g(x))), has_aux=True)(x))),
+}
+
+
+def _wraps(g, fun):
+    return functools.wraps(g)(fun)
+
+
+def _constant_layer(g, jit, options: dict, keyword: bool):
+    h = functools.partial(_with_constant, g=g)
+    if jit is jax.jit:
+        options = {}
+    f = jit(lambda c, x: h(c, x), **options)
+    return (lambda x: f(x=x, c=_K)) if keyword else (lambda x: f(_K, x))
+
+
+def _vjp(g, x):
+    out, pullback = jax.vjp(g, x)
+    return pullback(jnp.cos(out))[0] + out
+
+
+def _is_pejit_layer(layer: str) -> bool:
+    return layer.startswith("pejit")
+
+
+def build(base: str, layers: list[str], jit, outer_jit: bool, base_jit: bool = False):
+    """The nesting: ``layers`` applied to the base function (jitted if ``base_jit``), innermost first."""
+    g = jit(BASES[base]) if base_jit else BASES[base]
+    for layer in layers:
+        g = LAYERS[layer](g, jit)
+    return jax.jit(g) if outer_jit else g
+
+
+def _close(got, want, what):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=2e-5, err_msg=what)
+
+
+@st.composite
+def nestings(draw):
+    # plain pejit twice as often: it wraps the layer below as it is (as jax.jit would)
+    layers = draw(st.lists(st.sampled_from([*sorted(LAYERS), "pejit"]), min_size=1, max_size=4))
+    if not any(map(_is_pejit_layer, layers)):
+        layers.insert(draw(st.integers(0, len(layers))), draw(st.sampled_from(
+            [k for k in sorted(LAYERS) if _is_pejit_layer(k)])))
+    return {"base": draw(st.sampled_from(sorted(BASES))), "base_jit": draw(st.booleans()), "layers": layers,
+            "outer_jit": draw(st.booleans())}
+
+
+def check_nesting(nesting: dict) -> None:
+    """Values on repeated and new inputs, and gradients, of a nesting under pejit and under jax.jit."""
+    got_f = build(nesting["base"], nesting["layers"], pejit, nesting["outer_jit"], nesting["base_jit"])
+    want_f = build(nesting["base"], nesting["layers"], jax.jit, nesting["outer_jit"], nesting["base_jit"])
+    xs = [jnp.linspace(0.3, 1.2, N), jnp.linspace(-0.4, 0.5, N)]
+    # the same inputs again: cache hits (and auto's promotion) must not change a value
+    for i, x in enumerate([xs[0], xs[1], xs[0], xs[0]]):
+        _close(got_f(x), want_f(x), f"value (call {i}) of {nesting}")
+    grad = jax.grad(lambda f, x: jnp.sum(f(x)), argnums=1)
+    for x in xs:
+        _close(grad(got_f, x), grad(want_f, x), f"gradient of {nesting}")
+
+
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(nestings())
+def test_nestings_match_jax_jit(nesting):
+    check_nesting(nesting)
+
+
+def test_caches_depend_on_the_axis_environment():
+    """Named axes in scope are part of the key, as in jax.jit's (lax.axis_size is folded)."""
+    g = pejit(lambda: jax.lax.axis_size("i"))
+    for size in (2, 3, 2):
+        assert jax.vmap(g, axis_name="i", axis_size=size, out_axes=None)() == size
+    h = pejit(lambda a, x: x * jax.lax.axis_size("i") + jnp.sum(jnp.sin(a)), constant_argnums=0)
+    a = jnp.ones(3)
+    for n in (2, 3):
+        got = jax.vmap(lambda x: h(a, x), axis_name="i")(jnp.ones(n))
+        np.testing.assert_allclose(got, np.full(n, n + 3 * np.sin(1.0)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["scalar", "int", "constant", "folded"])
+def test_weak_types_as_jax_jit(case):
+    """Python scalars give weakly typed results, as under jax.jit (it decides later promotions)."""
+    fun, args, kwargs = {
+        "scalar": (lambda x: x * 2, (1.0,), {}),
+        "int": (lambda x: x * 2 + 1, (1,), {}),
+        "constant": (lambda c, x: x * jnp.sin(c), (1.0, 2.0), {"constant_argnums": 0}),
+        "folded": (lambda c, x: x + jnp.sin(c) * 3, (1.0, 2.0), {"constant_argnums": 0}),
+    }[case]
+    f = pejit(fun, **kwargs)
+    for _ in range(2):
+        got, want = f(*args), jax.jit(fun)(*args)
+        assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type)
+        assert (got + jnp.ones((), jnp.float16)).dtype == (want + jnp.ones((), jnp.float16)).dtype
+    assert f.eval_shape(*args) == jax.eval_shape(fun, *args)

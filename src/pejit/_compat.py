@@ -151,6 +151,7 @@ if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
 _REQUIRED = [
     (core, "Tracer", "tracer type"),
     (core, "trace_ctx", "the current trace"),
+    (core, "top_axis_env", "the axis environment, in cache keys"),
     (core, "set_current_trace", "entering the folding trace"),
     (core, "eval_trace", "evaluating folded work"),
     (core, "ensure_no_leaks", "tracing like make_jaxpr"),
@@ -212,6 +213,18 @@ _probe()
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
 _canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
+
+
+def literal(value: Any, aval: Any) -> Literal:
+    """A literal of ``aval`` holding the scalar ``value``, as JAX's staging makes one.
+
+    Weak-typed literals keep their weak type when the jaxpr is evaluated
+    again (``jaxpr_as_fun``): a Python scalar, canonicalized as ``bind``
+    does, where a NumPy scalar would bind as a strongly typed value.
+    """
+    if getattr(aval, "weak_type", False):
+        value = _canonicalize_value(np.asarray(value).item())
+    return Literal(value, aval)
 
 
 def _canonical_output(name: str, i: int, x: Any) -> Any:
@@ -372,6 +385,26 @@ def const_of(trace, x: Any) -> Any:
 def core_trace():
     """The trace currently in effect."""
     return core.trace_ctx.trace
+
+
+if hasattr(core, "axis_env_state"):  # newer JAX: a config state of interned AxisEnv objects (hashable)
+    _axis_env_state = core.axis_env_state
+
+    def axis_env_key() -> Any:
+        """The named axes in scope (``vmap(axis_name=...)``, ``shard_map``), as part of a cache key.
+
+        A specialization folds what the function reads of them (``lax.axis_size``),
+        so, as in ``jax.jit``'s cache key, specializations differ per environment.
+        """
+        return _axis_env_state.value
+
+else:  # JAX 0.7: a dataclass holding dicts
+
+    def axis_env_key() -> Any:
+        env = core.trace_ctx.axis_env
+        if env is core.top_axis_env:
+            return None
+        return tuple(env.axis_sizes.items()), frozenset(env.spmd_axis_names)
 
 
 if "avals" in inspect.signature(core.Primitive.bind_with_trace).parameters:  # JAX >= 0.10

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ._cache import FastPath
+from ._compat import axis_env_key
 from ._errors import GENERATED
 
 
@@ -66,19 +67,19 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     The key is the one ``Pejitted._key`` computes when every constant is a
     bare ``jax.Array`` and every dynamic argument an array: the identity of
     each constant, then the aval of each dynamic argument (interned: the memo
-    compares them with ``is``). An int (an id) in a key only ever comes from
+    compares them with ``is``), then the named axes in scope. An int (an id) in a key only ever comes from
     a live, watched ``jax.Array`` (dead ones are purged first), so no type
     check is needed.
     """
-    parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
+    parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn] + ["axis_env()"]
     memo_check = " and ".join(
-        f"{part} {'==' if part.startswith('id') else 'is'} memo[{j + 1}]" for j, part in enumerate(parts)
+        f"{part} {'is' if part.endswith('.aval') else '=='} memo[{j + 1}]" for j, part in enumerate(parts)
     )
     source = _SOURCE.format(
         n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
         dynamic=", ".join(f"args[{i}]" for i in dyn),
     )
-    namespace = cache._asdict() | {"route": route, "uncached": uncached}
+    namespace = cache._asdict() | {"route": route, "uncached": uncached, "axis_env": axis_env_key}
     exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]
 

@@ -153,13 +153,14 @@ class Pejitted:
         return layout
 
     def _key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
-        """The cache key of a call: constants' values, then dynamic arguments' types.
+        """The cache key of a call: constants' values, dynamic arguments' types, named axes.
 
         For positional ``jax.Array`` arguments, the layout's hot path
         (:func:`dispatcher`) computes the same key inline.
         """
         key = [constant_key(i, args[i]) for i in layout.const]
         key += [dynamic_key(args[i], i) for i in layout.dyn]
+        key.append(_compat.axis_env_key())
         if kwargs:
             fixed = self.info.fixed_names
             key.append((_KW, tuple(sorted(
@@ -203,7 +204,8 @@ class Pejitted:
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
         spec, _, _ = self._specialized_call(args, kwargs)
-        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
+        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+                for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     @_compat.api_boundary

@@ -192,7 +192,7 @@ def _inline_scalars(jaxpr, consts):
             var.aval.dtype, jax.dtypes.extended)
         # An abstract constant differs per specialization: it stays an input.
         if scalar and var not in outputs and not is_abstract(c):
-            literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
+            literals[var] = _compat.literal(np.asarray(c)[()], var.aval)
     if not literals:
         return jaxpr, consts
 

@@ -41,7 +41,7 @@ def specialize(
     nargs = len(layout.const) + len(layout.dyn)
     if info.one_value:
         return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, None)
-    skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals)
+    skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
     program = programs.get(skey)
     if program is None:
