@@ -316,3 +316,25 @@ def test_weak_types_as_jax_jit(case):
         assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type)
         assert (got + jnp.ones((), jnp.float16)).dtype == (want + jnp.ones((), jnp.float16)).dtype
     assert f.eval_shape(*args) == jax.eval_shape(fun, *args)
+
+
+def test_traces_and_compiles_as_jax_jit():
+    """With nothing to fold, a call traces and compiles when jax.jit's does: once per new argument type."""
+    from .test_auto import _Compiles
+
+    args = [(jnp.ones(3), jnp.ones(3)), (jnp.ones(3), jnp.full(3, 2.0)), (jnp.ones(4), jnp.ones(4)),
+            (1.0, 2.0), (1.0, 3.0), (jnp.ones(3), jnp.ones(3))]
+    counts = []
+    for jit in (jax.jit, pejit, functools.partial(pejit, constant_argnums="auto")):
+        traces = []
+
+        def f(x, y):
+            traces.append(None)
+            return jnp.sin(x) * y
+
+        g = jit(f)
+        with _Compiles() as compiles:
+            for a in args:
+                g(*a)
+        counts.append((len(traces), compiles.count))
+    assert counts[1] == counts[2] == counts[0], counts
