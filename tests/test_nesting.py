@@ -319,7 +319,7 @@ def test_weak_types_as_jax_jit(case):
 
 
 def test_traces_and_compiles_as_jax_jit():
-    """With nothing to fold, a call traces and compiles when jax.jit's does: once per new argument type."""
+    """With nothing to fold, a call traces and compiles as jax.jit's does: once per new argument type."""
     from .test_auto import _Compiles
 
     args = [(jnp.ones(3), jnp.ones(3)), (jnp.ones(3), jnp.full(3, 2.0)), (jnp.ones(4), jnp.ones(4)),
@@ -337,4 +337,6 @@ def test_traces_and_compiles_as_jax_jit():
             for a in args:
                 g(*a)
         counts.append((len(traces), compiles.count))
-    assert counts[1] == counts[2] == counts[0], counts
+    # one per distinct argument type (jax.jit's own count may be lower, from caches earlier tests filled)
+    distinct = len({tuple(jax.typeof(x) for x in a) for a in args})
+    assert counts[1] == counts[2] == (distinct, distinct) and max(counts[0]) <= distinct, counts
