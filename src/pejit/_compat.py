@@ -554,7 +554,10 @@ class StagingTrace(_pe.DynamicJaxprTrace):
         if isinstance(x, core.Tracer) and x._trace is not self:
             admitted = _admitted.get()
             if admitted is not None and x._trace not in admitted:
-                raise ClosedOverTracer(f"a value of type {x.aval.str_short()} from an outer trace ({x._trace})")
+                raise ClosedOverTracer(
+                    f"pejit: the function closes over a {x.aval.str_short()} tracer of a trace it was not "
+                    f"called in ({type(x._trace).__name__}), which a cached specialization cannot hold"
+                )
         return super().to_jaxpr_tracer(x, source_info)
 
     def as_current(self):

@@ -67,9 +67,9 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     The key is the one ``Pejitted._key`` computes when every constant is a
     bare ``jax.Array`` and every dynamic argument an array: the identity of
     each constant, then the aval of each dynamic argument (interned: the memo
-    compares them with ``is``), then the named axes in scope. An int (an id) in a key only ever comes from
-    a live, watched ``jax.Array`` (dead ones are purged first), so no type
-    check is needed.
+    compares them with ``is``), then the named axes in scope. An int (an id)
+    in a key only ever comes from a live, watched ``jax.Array`` (dead ones are
+    purged first), so no type check is needed.
     """
     parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn] + ["axis_env()"]
     memo_check = " and ".join(
