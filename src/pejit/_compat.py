@@ -395,8 +395,10 @@ if hasattr(core, "axis_env_state"):  # newer JAX: a config state of interned Axi
 
         A specialization folds what the function reads of them (``lax.axis_size``),
         so, as in ``jax.jit``'s cache key, specializations differ per environment.
+        None when there are none: a key that reads the same in every process.
         """
-        return _axis_env_state.value
+        env = _axis_env_state.value
+        return None if env is core.top_axis_env else env
 
 else:  # JAX 0.7: a dataclass holding dicts
 
