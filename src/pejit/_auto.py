@@ -145,6 +145,14 @@ class AutoPejitted:
       'promoted'
     """
 
+    # State in slots, as in Pejitted (which says why).
+    __slots__ = (
+        "_pejit_kwargs", "_special", "_fun", "_name", "_jit", "_after", "_demote_after", "_min_flops", "_generic",
+        "_excluded_nums", "_excluded_names", "_static_nums", "_static_names", "_decisions", "_promoted",
+        "_estimates", "_one_program", "_options", "_lock", "promotions", "demotions", "generic_calls", "_dispatch",
+        "__dict__", "__weakref__",
+    )
+
     def __init__(
         self,
         fun: Callable,
@@ -181,10 +189,11 @@ class AutoPejitted:
         self._one_program: set[tuple] = set()  # promoted sets folded by one compiled program (see fold_plan)
         self._lock = threading.RLock()
         self.promotions = self.demotions = self.generic_calls = 0
+        self._watch()
         functools.update_wrapper(self, fun)
 
     # The call is whatever ``_dispatch`` holds (a C-level property, as in
-    # Pejitted): the instance's, once set, else the class's ``_watching``.
+    # Pejitted).
     __call__ = property(operator.attrgetter("_dispatch"))
 
     # -- watching ---------------------------------------------------------
@@ -196,13 +205,11 @@ class AutoPejitted:
                 target = self._generic
         return target(*args, **kwargs)
 
-    _dispatch = _watching
-
     def _watch(self) -> None:
-        """Calls go to ``_watching``, bound on each call: a bound method kept
-        on the instance would be a reference cycle, and keep it (and what
+        """Calls go to ``_watching`` through a weak reference: a bound method
+        kept on the instance would be a reference cycle, and keep it (and what
         ``fun`` closes over) alive past its last reference."""
-        vars(self).pop("_dispatch", None)
+        self._dispatch = functools.partial(_call_watching, weakref.ref(self))
 
     def _candidates(self, args: tuple, kwargs: dict):
         for i, v in enumerate(args):
@@ -485,6 +492,11 @@ class AutoPejitted:
     def __repr__(self) -> str:
         """``jax.jit``'s repr, as the generic program's until an argument is promoted."""
         return repr(self._special[()])
+
+
+def _call_watching(auto_ref: weakref.ref, *args, **kwargs):
+    """A call while watching (see ``AutoPejitted._watch``); the caller holds the object."""
+    return auto_ref()._watching(*args, **kwargs)
 
 
 def _forget(auto_ref: weakref.ref, _ref: weakref.ref) -> None:

@@ -87,7 +87,9 @@ policy identifies lazy values by their ``Var``.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +164,7 @@ if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
 _REQUIRED = [
     (core, "Tracer", "tracer type"),
     (core, "trace_ctx", "the current trace"),
+    (core, "top_axis_env", "the axis environment, in cache keys"),
     (core, "set_current_trace", "entering the folding trace"),
     (core, "eval_trace", "evaluating folded work"),
     (core, "ensure_no_leaks", "tracing like make_jaxpr"),
@@ -257,6 +260,18 @@ def axis_env_key() -> tuple:
 _canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
 
 
+def literal(value: Any, aval: Any) -> Literal:
+    """A literal of ``aval`` holding the scalar ``value``, as JAX's staging makes one.
+
+    Weak-typed literals keep their weak type when the jaxpr is evaluated
+    again (``jaxpr_as_fun``): a Python scalar, canonicalized as ``bind``
+    does, where a NumPy scalar would bind as a strongly typed value.
+    """
+    if getattr(aval, "weak_type", False):
+        value = _canonicalize_value(np.asarray(value).item())
+    return Literal(value, aval)
+
+
 def _canonical_output(name: str, i: int, x: Any) -> Any:
     """Python and NumPy outputs become JAX values, as under ``jax.jit``."""
     if isinstance(x, core.Tracer):
@@ -278,6 +293,7 @@ Var = _xcore.Var
 Jaxpr = _xcore.Jaxpr
 ClosedJaxpr = _xcore.ClosedJaxpr
 ShapedArray = core.ShapedArray
+Token = core.Token  # the value of an effect token (jax.lax.create_token)
 eval_jaxpr = core.eval_jaxpr
 set_current_trace = core.set_current_trace
 eval_trace = core.eval_trace
@@ -451,6 +467,37 @@ def at_top_level():
     return core.set_current_trace(core.eval_trace)
 
 
+class ClosedOverTracer(Exception):
+    """A function being specialized reached a tracer of a trace its specialization did not open.
+
+    Such a tracer belongs to an outer transformation the function closes over
+    (``jax.grad(lambda y: pejit(lambda x: x * y)(2.0))``), or leaked from an
+    earlier trace. A specialization built at top level, and cached, must not
+    capture it: the caller runs the function without one.
+    """
+
+
+#: The traces a specialization being built may meet, or None outside of
+#: :func:`specializing` (nothing is checked).
+_admitted: contextvars.ContextVar[weakref.WeakSet | None] = contextvars.ContextVar("pejit_admitted", default=None)
+
+
+@contextlib.contextmanager
+def specializing():
+    """Context for building a specialization: at top level, meeting only its own traces.
+
+    A folding trace opened inside admits itself and its parent (the trace of
+    a folding program's abstract constants); a tracer of any other trace
+    that reaches one raises :class:`ClosedOverTracer`.
+    """
+    token = _admitted.set(weakref.WeakSet())
+    try:
+        with core.set_current_trace(core.eval_trace):
+            yield
+    finally:
+        _admitted.reset(token)
+
+
 def evaluating():
     """Context in which binds evaluate (or ``jax.jit`` compiles) for real.
 
@@ -520,6 +567,23 @@ class StagingTrace(_pe.DynamicJaxprTrace):
     def __init__(self, debug_info, parent_trace, policy: FoldPolicy):
         super().__init__(debug_info, parent_trace=parent_trace)
         self.policy = policy
+        admitted = _admitted.get()
+        if admitted is not None:
+            admitted.add(self)
+            if parent_trace is not None:
+                admitted.add(parent_trace)
+
+    def to_jaxpr_tracer(self, x, source_info):
+        # Every value that enters the residual program passes here: a tracer
+        # of a trace the specialization did not open must not (see specializing).
+        if isinstance(x, core.Tracer) and x._trace is not self:
+            admitted = _admitted.get()
+            if admitted is not None and x._trace not in admitted:
+                raise ClosedOverTracer(
+                    f"pejit: the function closes over a {x.aval.str_short()} tracer of a trace it was not "
+                    f"called in ({type(x._trace).__name__}), which a cached specialization cannot hold"
+                )
+        return super().to_jaxpr_tracer(x, source_info)
 
     def as_current(self):
         """Context in which JAX operations go through this trace (and its policy)."""

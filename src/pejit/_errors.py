@@ -79,7 +79,7 @@ PEJIT_KEYWORDS = (
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 #: The file name of the code pejit generates (its dispatchers): inside the
-#: package, so that traceback filtering and `user_frame` skip it.
+#: package, so that traceback filtering and `warn` skip it.
 GENERATED = os.path.join(_PACKAGE, "<generated>")
 # pejit's frames are hidden from tracebacks as JAX hides its own (see
 # _compat.api_boundary); JAX_TRACEBACK_FILTERING=off shows them.
@@ -269,23 +269,15 @@ def skipped_folding(name: str, what: str) -> None:
 
 
 # -- where a warning points -------------------------------------------------------
-def user_frame():
-    """The innermost frame outside pejit and JAX: the user's call."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame = frame.f_back
-    return frame
-
-
 def warn(message: str, category: type[Warning]) -> None:
-    """`warnings.warn` at the user's line (see `user_frame`)."""
-    frame = user_frame()
-    if frame is None:
-        warnings.warn(message, category, stacklevel=2)
-        return
-    g = frame.f_globals
-    warnings.warn_explicit(
-        message, category, frame.f_code.co_filename, frame.f_lineno,
-        module=g.get("__name__", "<unknown>"), registry=g.setdefault("__warningregistry__", {}),
-        module_globals=g,
-    )
+    """`warnings.warn` at the user's line: the innermost frame outside pejit and JAX.
+
+    Through ``stacklevel``, so that Python attributes the warning as if the
+    user's code had issued it, wherever that code runs: ``warn_explicit``
+    with the frame's globals asks the module's loader for its source, which
+    raises for ``__main__`` under ``python -c`` (a warning must never fail a call).
+    """
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)

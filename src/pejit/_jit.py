@@ -88,6 +88,14 @@ class Pejitted:
       {'dot_general': 1}
     """
 
+    # State lives in slots: ``functools.update_wrapper`` (below, and in JAX's
+    # transformations wrapping a pejit function) copies a function's
+    # ``__dict__`` onto its wrapper, which would hand this function's options
+    # and caches to another (``pejit(jax.grad(h))`` ran ``h``). The
+    # ``__dict__`` holds only the wrapped function's attributes, as jax.jit's.
+    __slots__ = ("info", "_jitted", "_options", "_caches", "_layouts", "_dispatch", "_lock", "_warned",
+                 "_hints_given", "__dict__", "__weakref__")
+
     def __init__(self, fun: Callable, **options: Any):
         jit = options.get("jit", True)
         self._jitted = _jax_jit(fun, options) if jit else None
@@ -167,6 +175,11 @@ class Pejitted:
             spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
+        except _compat.ClosedOverTracer:
+            # As jax.jit traces again inside each outer trace: the function,
+            # run under the caller's trace, sees the tracer it closes over
+            # (or fails on a leaked one, as jax.jit's call does).
+            return self.info.fun(*args, **kwargs)
         return spec.call(*dyn_args, **dyn_kwargs)
 
     def _fallback(self, e: TracedConstant, args, kwargs):
@@ -224,7 +237,7 @@ class Pejitted:
     def _build(self, args: tuple, kwargs: dict, layout: Layout):
         """A new specialization for this call, and the constants it dies with."""
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
-        with _compat.at_top_level():
+        with _compat.specializing():
             spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
         const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(self.info.name, const_leaves, self._hints_given)
@@ -259,7 +272,8 @@ class Pejitted:
         if self._is_jax_jit:
             return self._jitted.eval_shape(*args, **kwargs)
         spec, _, _ = self._specialized_call(args, kwargs)
-        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in spec.program.jaxpr.outvars]
+        outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+                for v in spec.program.jaxpr.outvars]
         return _tree_unflatten(spec.out_tree, outs)
 
     @_compat.api_boundary

@@ -187,10 +187,12 @@ def _inline_scalars(jaxpr, consts):
     constvars = jaxpr.invars[: len(consts)]
     literals = {}
     for var, c in zip(constvars, consts):
-        scalar = np.shape(c) == () and not jax.dtypes.issubdtype(var.aval.dtype, jax.dtypes.extended)
+        # (a token has no dtype: it stays an input, as jax.jit passes it)
+        scalar = isinstance(var.aval, _compat.ShapedArray) and np.shape(c) == () and not jax.dtypes.issubdtype(
+            var.aval.dtype, jax.dtypes.extended)
         # An abstract constant differs per specialization: it stays an input.
         if scalar and var not in outputs and not is_abstract(c):
-            literals[var] = _compat.Literal(np.asarray(c)[()], var.aval)
+            literals[var] = _compat.literal(np.asarray(c)[()], var.aval)
     if not literals:
         return jaxpr, consts
 
@@ -338,8 +340,11 @@ def _splat(var, value):
 
 
 def _to_device(c):
-    """Folded constants live on device: NumPy results are copied once."""
-    if isinstance(c, jax.Array):
+    """Folded constants live on device: NumPy results are copied once.
+
+    A ``jax.Array`` already does, and a token is not data (jax.jit passes it as it is).
+    """
+    if isinstance(c, (jax.Array, _compat.Token)):
         return c
     return jax.device_put(np.asarray(c))
 

@@ -124,6 +124,8 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
 
     try:
         program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
+    except _compat.ClosedOverTracer:  # no value would help
+        raise
     except Exception as e:  # the trace needed a constant's value
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None

@@ -40,6 +40,9 @@ class BoundPejitted:
       Array([2., 2.], dtype=float32)
     """
 
+    # State in slots, as in Pejitted (which says why).
+    __slots__ = ("_n", "_const", "_dyn_positions", "_core", "_call", "__dict__", "__weakref__")
+
     def __init__(self, fun: Callable, example_args: tuple, constant_arg_nums, *, jit: bool, fold_options, jit_kwargs):
         n = len(example_args)
         const = _argnums.check_argnums("constant_arg_nums", constant_arg_nums, n)
