@@ -238,9 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = sub.add_parser("demo", help="fold the built-in examples and time them against jax.jit")
     d.add_argument("--n", type=int, default=1000, help="size of the constant matrix A (default 1000)")
     d.add_argument("--repeat", type=int, default=10, help="timed jax.jit calls (pejit: 20x as many)")
+    c = sub.add_parser("cache", help="list or clear the persistent cache of folded constants")
+    c.add_argument("action", choices=("list", "clear"))
+    c.add_argument("--dir", help="the cache directory (default: PEJIT_CACHE_DIR, else JAX's cache dir)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo(n=args.n, repeat=args.repeat)
+    if args.command == "cache":
+        from ._persist import main as cache_main
+
+        return cache_main(args.action, args.dir)
+    demo(n=args.n, repeat=args.repeat)
     return 0
 
 

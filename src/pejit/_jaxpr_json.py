@@ -9,12 +9,14 @@ Reading it binds each primitive again under ``jax.make_jaxpr``, so JAX's own
 type rules check every equation; an output whose type differs from the one
 written makes the whole read fail.
 
-What can be written is deliberately narrow: flat jaxprs of primitives that
-a loaded ``jax`` module defines, whose parameters are plain values
-(numbers, strings, tuples, dtypes, and enums and named tuples of ``jax``
-modules). A residual with a sub-jaxpr, a sharding or a Python callable in
-its parameters is not written (:class:`Unencodable`); it is folded again in
-the next process, as without a cache.
+What can be written is deliberately narrow: jaxprs of primitives that a
+loaded ``jax`` module defines, whose parameters are plain values (numbers,
+strings, tuples, dtypes, enums and named tuples of ``jax`` modules,
+module-level objects of ``jax`` modules such as ``UNSPECIFIED``) or
+sub-jaxprs without constants (``jit`` calls, loop bodies, branches). A
+residual with a Python callable (a ``custom_jvp`` rule, a callback) or a
+sharding in its parameters is not written (:class:`Unencodable`); it is
+folded again in the next process, as without a cache.
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -35,7 +37,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import Jaxpr, Literal, Primitive
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive
 
 from . import _compat
 
@@ -78,6 +80,10 @@ def encode(jaxpr: Jaxpr) -> dict:
 
 def decode(doc: dict) -> Jaxpr:
     """The jaxpr of a document written by :func:`encode`; raises on any mismatch."""
+    return _decode_closed(doc).jaxpr
+
+
+def _decode_closed(doc: dict) -> ClosedJaxpr:
     table = _primitives()
     eqns = [(_primitive(table, e["p"]), e) for e in doc["eqns"]]
     params = [{k: _unparam(v) for k, v in e["params"].items()} for _, e in eqns]
@@ -95,7 +101,7 @@ def decode(doc: dict) -> Jaxpr:
     closed = jax.make_jaxpr(interpret)(*[_struct(a) for a in doc["in"]])
     if closed.consts:
         raise ValueError("stored jaxpr decoded with constants")
-    return closed.jaxpr
+    return closed
 
 
 # -- values -------------------------------------------------------------------
@@ -137,6 +143,12 @@ def _atom(env: list, a: Any) -> Any:
 
 
 def _param(v: Any) -> Any:
+    if isinstance(v, ClosedJaxpr):  # a call's or a loop's body
+        if list(v.consts):
+            raise Unencodable("a sub-jaxpr with constants")
+        return {"cj": encode(v.jaxpr)}
+    if isinstance(v, Jaxpr):
+        return {"j": encode(v)}
     if isinstance(v, enum.Enum):
         return {"enum": _class_path(type(v)), "name": v.name}
     if v is None or isinstance(v, (bool, str)) or type(v) in (int, float):
@@ -151,12 +163,19 @@ def _param(v: Any) -> Any:
         return {"dtype": v.name}
     if isinstance(v, (np.integer, np.floating, np.bool_)):
         return {"np": v.dtype.name, "v": v.item()}
-    raise Unencodable(f"a parameter of type {type(v).__name__}")
+    return {"obj": _singleton_path(v)}
 
 
 def _unparam(v: Any) -> Any:
     if not isinstance(v, dict):
         return v
+    if "cj" in v:
+        return _decode_closed(v["cj"])
+    if "j" in v:
+        return decode(v["j"])
+    if "obj" in v:
+        module, name = v["obj"].split(":")
+        return getattr(_module(module), name)
     if "t" in v:
         return tuple(_unparam(x) for x in v["t"])
     if "l" in v:
@@ -185,12 +204,27 @@ def _class_path(cls: type) -> str:
     return path
 
 
+def _singleton_path(v: Any) -> str:
+    """``module:name`` of a module-level object of a ``jax`` module (``UNSPECIFIED``, an empty mesh)."""
+    module = getattr(type(v), "__module__", "")
+    if module.startswith(_TRUSTED) and module in sys.modules:
+        for name, obj in vars(sys.modules[module]).items():
+            if obj is v and not name.startswith("__"):
+                return f"{module}:{name}"
+    raise Unencodable(f"a parameter of type {type(v).__name__}")
+
+
+def _module(name: str) -> Any:
+    """An already imported ``jax`` module; nothing is imported."""
+    if not name.startswith(_TRUSTED) or name not in sys.modules:
+        raise ValueError(f"{name} is not a loaded jax module")
+    return sys.modules[name]
+
+
 def _class(path: str) -> type:
-    """A class of an already imported ``jax`` module; nothing is imported."""
+    """A class of an already imported ``jax`` module."""
     module, qualname = path.split(":")
-    if not module.startswith(_TRUSTED) or module not in sys.modules:
-        raise ValueError(f"class {path} is not in a loaded jax module")
-    obj: Any = sys.modules[module]
+    obj: Any = _module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     if not isinstance(obj, type):

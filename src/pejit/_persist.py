@@ -2,9 +2,9 @@
 
 Opt-in, like JAX's persistent compilation cache. The directory is, in this
 order: ``FoldOptions(cache_dir=...)`` of the function (``False``: off for
-it), the ``PEJIT_CACHE_DIR`` environment variable, or ``pejit/`` inside
-JAX's ``jax_compilation_cache_dir`` when the user set one (read, never
-changed). None set: off.
+it), the ``PEJIT_CACHE_DIR`` environment variable (set but empty: off), or
+``pejit/`` inside JAX's ``jax_compilation_cache_dir`` when the user set one
+(read, never changed). None set: off.
 
 A specialization is looked up by a *key*: a SHA-256 of everything its values
 depend on. The function is traced once with its constant arrays abstract
@@ -101,8 +101,9 @@ def cache_dir(options: FoldOptions) -> Path | None:
         return None
     if options.cache_dir:
         return Path(options.cache_dir)
-    if os.environ.get(ENV_DIR):
-        return Path(os.environ[ENV_DIR])
+    env = os.environ.get(ENV_DIR)
+    if env is not None:  # set but empty: off
+        return Path(env) if env else None
     jax_dir = jax.config.jax_compilation_cache_dir
     if jax_dir and "://" not in str(jax_dir):  # a remote JAX cache: not ours to write
         return Path(jax_dir) / "pejit"
