@@ -29,6 +29,8 @@ from jax.interpreters import ad
 
 from ._explain import explain
 from ._api import pejit
+from ._folding import FoldOptions
+from ._persist import cache_dir
 
 
 # -- seed 000, part 1: a Chebyshev basis in pure JAX --------------------------
@@ -214,6 +216,14 @@ def demo(n: int = 1000, repeat: int = 10) -> None:
     t_pe = time_per_call(f3, A, v, repeat=20 * repeat)
     print(f"   per call (median): jax.jit {t_jit * 1e3:.3f} ms, pejit {t_pe * 1e3:.3f} ms")
     print(f"   speedup: {t_jit / t_pe:.0f}x")
+
+    _section("4. Fold once per machine, not once per process")
+    print("   With PEJIT_CACHE_DIR set (or JAX's jax_compilation_cache_dir), folded constants")
+    print("   are kept on disk, and a new process running the same function on the same")
+    print("   constants reads them instead of folding again (see docs/caching.md, 'Caching")
+    print("   across runs'). `python -m pejit cache list` shows them, `... cache clear` removes them.")
+    where = cache_dir(FoldOptions())
+    print(f"   This process: {f'cached in {where}' if where else 'off (nothing set)'}")
 
 
 _DESCRIPTION = "pejit: partial-evaluation JIT compilation for JAX."

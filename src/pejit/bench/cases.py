@@ -478,6 +478,27 @@ def _pde_targets(r: dict) -> list[Target]:
     return out
 
 
+def _persist_targets(r: dict) -> list[Target]:
+    """Case 10: medians over the fresh-process repeats, warm and cold against off."""
+    out = []
+    for size, warm_limit in (("case9", 0.5), ("full", 0.1)):
+        for variant, row in (r.get(size) or {}).items():
+            med = {k: statistics.median(t for t in v if t is not None) if any(t is not None for t in v) else None
+                   for k, v in row["seconds"].items()}
+            off = med.get("off")
+            for mode, limit in (("warm", warm_limit), ("cold", 1.05)):
+                got = med.get(mode)
+                ok = None if got is None or off is None else got / off <= limit
+                out.append(Target(f"case 10 {size} {variant}: {mode} cache / no cache <= {limit}", ok,
+                                  "n/a" if ok is None else f"{_s(got)} / {_s(off)} = {got / off:.2f}"))
+            pairs = [(d, f) for d, f in zip(row["disk_bytes"], row["folded_bytes"]) if f]
+            if pairs:
+                ratio = max(d / f for d, f in pairs)
+                out.append(Target(f"case 10 {size} {variant}: disk / folded bytes <= 1.2", ratio <= 1.2,
+                                  f"{pairs[0][0] / 2**20:.1f} MiB / {pairs[0][1] / 2**20:.1f} MiB = {ratio:.3f}"))
+    return out
+
+
 def _s(t) -> str:
     if t is None:
         return "n/a"
@@ -539,6 +560,8 @@ def targets(results: dict) -> list[Target]:
                           four <= 0.5 * one, f"+{four / 2**20:.0f} MiB / +{one / 2**20:.0f} MiB = {four / one:.2f}"))
     if 9 in results:
         out += _pde_targets(results[9])
+    if 10 in results:
+        out += _persist_targets(results[10])
     if 8 in results:
         r = results[8]
         t = r["totals"]
