@@ -231,3 +231,16 @@ def test_concurrent_writers_then_a_reader(tmp_path):
     for r in (*results, reader):
         np.testing.assert_allclose(r["out"], want, rtol=1e-5)
     assert reader["hit"] and len(entries(tmp_path)) == 1 and list(tmp_path.glob(".tmp-*")) == []
+
+
+def test_new_values_of_a_structure_use_the_folding_program(tmp_path):
+    f = pejit(solve, constant_argnums=0, fold_options=FoldOptions(cache_dir=str(tmp_path)))
+    values = [jnp.asarray(A + i) for i in range(3)]
+    for a in values:
+        np.testing.assert_allclose(f(a, X), jax.jit(solve)(a, X), rtol=1e-5)
+    assert f.specialize(values[2], X).program.folding_program is not None
+    assert len(entries(tmp_path)) == 3
+    g = pejit(solve, constant_argnums=0, fold_options=FoldOptions(cache_dir=str(tmp_path)))
+    for a in values:
+        assert READ in " ".join(g.report(a, X).fallbacks)
+        np.testing.assert_allclose(g(a, X), jax.jit(solve)(a, X), rtol=1e-5)

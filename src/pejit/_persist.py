@@ -66,7 +66,7 @@ from typing import Any, NamedTuple
 import jax
 import jaxlib
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from . import _jaxpr_json
 from ._errors import PejitWarning
@@ -270,11 +270,6 @@ def _stats(doc: dict) -> FoldStats:
 
 
 # -- keys -----------------------------------------------------------------------
-#: Primitives whose callable parameters (differentiation rules) do not change
-#: the values they compute: their forward jaxpr is printed.
-_RULES_ONLY = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
-
-
 def key(options: FoldOptions, where, closed: ClosedJaxpr, trees, arrays: Sequence[Any]) -> str | None:
     """The key of a specialization (hex SHA-256), or None if it has none.
 
@@ -288,8 +283,6 @@ def key(options: FoldOptions, where, closed: ClosedJaxpr, trees, arrays: Sequenc
       >>> k == key(FoldOptions(), (0,), cj, None, [np.array([1.0, 1.0, 2.0])])
       False
     """
-    if _opaque(closed.jaxpr):
-        return None
     h = hashlib.sha256()
     devices = sorted({d.device_kind for d in jax.devices()})
     options = dataclasses.replace(options, cache_dir=None)
@@ -298,7 +291,10 @@ def key(options: FoldOptions, where, closed: ClosedJaxpr, trees, arrays: Sequenc
         bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
         options, where, str(trees),
     )).encode())
+    # printed, variables are named by position; literals print exactly (repr)
     h.update(closed.jaxpr.pretty_print(source_info=False, name_stack=False).encode())
+    if not _hash_jaxpr(h, closed.jaxpr):
+        return None
     for a in (*closed.consts, *arrays):
         if not _hash_array(h, a):
             return None
@@ -317,21 +313,28 @@ def _hash_array(h, a: Any) -> bool:
     return True
 
 
+#: Primitives whose callable parameters (differentiation rules) do not change
+#: the values they compute: their forward jaxpr is printed.
+_RULES_ONLY = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 #: Callable parameter types that are data (a mesh is a context manager).
 _DATA = (type, jax.sharding.Mesh, jax.sharding.AbstractMesh, jax.sharding.Sharding)
 
 
-def _opaque(jaxpr) -> bool:
-    """Whether ``jaxpr`` depends on Python code its printed form does not show."""
+def _hash_jaxpr(h, jaxpr) -> bool:
+    """Hash what printing ``jaxpr`` may abbreviate (array literals); False if
+    its values depend on Python code it does not show (a callback)."""
     for e in jaxpr.eqns:
+        for a in e.invars:
+            if isinstance(a, Literal) and np.ndim(a.val) and not _hash_array(h, a.val):
+                return False
         for v in e.params.values():
             for x in v if isinstance(v, (tuple, list)) else (v,):
                 if isinstance(x, (Jaxpr, ClosedJaxpr)):
-                    if _opaque(getattr(x, "jaxpr", x)):
-                        return True
+                    if not _hash_jaxpr(h, getattr(x, "jaxpr", x)):
+                        return False
                 elif callable(x) and not isinstance(x, _DATA) and e.primitive.name not in _RULES_ONLY:
-                    return True
-    return False
+                    return False
+    return True
 
 
 # -- specializing through the cache ----------------------------------------------------
@@ -343,14 +346,16 @@ def specialize(
 
     ``traces`` is a cache and a key for the trace, which depends on the
     constants' structure only; ``bind(const_vals, in_tree, out_trees)`` is
-    the user's function of the flat dynamic leaves; ``fold()`` specializes without the cache;
+    the user's function of the flat dynamic leaves; ``fold()`` specializes
+    without the cache (a function with no key);
     ``runner(jaxpr, nconsts, out_tree)`` compiles a residual;
     ``place(consts, put)`` applies ``constant_shardings``.
     """
     start = time.perf_counter()
     memo, memo_key = traces
     traced = memo.get(memo_key)
-    if traced is None:
+    first = traced is None  # of this structure
+    if first:
         traced = _trace(bind, const_leaves, const_tree, in_tree, avals)
         memo.put(memo_key, traced)
     if not traced:
@@ -368,19 +373,18 @@ def specialize(
         program = Program(hit.jaxpr, len(consts), out_tree, hit.stats, notes,
                           runner(hit.jaxpr, len(consts), out_tree), None)
         return Specialization(program, consts, time.perf_counter() - start)
-    if info.one_value:
-        # Constants that never change (the TFC form): fold by replaying the
-        # jaxpr just traced, rather than tracing Python a second time.
-        residual = specialize_jaxpr(closed, dict(enumerate(arrays)), info.fold_options)
-        folded = residual.consts
-        consts = place(folded, jax.device_put)
-        jaxpr = residual.open_jaxpr()
-        program = Program(jaxpr, len(consts), out_tree, residual.stats, (),
-                          runner(jaxpr, len(consts), out_tree), None)
-        spec = Specialization(program, consts, time.perf_counter() - start,
-                              residual if consts is folded else None)
-    else:
+    if not (first or info.one_value):  # the call-time form's folding program serves new values
         spec = fold()
+        _store(store, k, info.name, spec)
+        return spec
+    # Fold the first value by replaying the jaxpr just traced: the function's
+    # Python runs once, as without the cache.
+    residual = specialize_jaxpr(closed, dict(enumerate(arrays)), info.fold_options)
+    folded = residual.consts
+    consts = place(folded, jax.device_put)
+    jaxpr = residual.open_jaxpr()
+    program = Program(jaxpr, len(consts), out_tree, residual.stats, (), runner(jaxpr, len(consts), out_tree), None)
+    spec = Specialization(program, consts, time.perf_counter() - start, residual if consts is folded else None)
     _store(store, k, info.name, spec)
     return spec
 
