@@ -186,8 +186,9 @@ class FoldOptions:
       cache_dir: where folded constants are kept across processes (see
         [Caching across runs](caching.md#caching-across-runs)): a directory,
         ``False`` for no persistent cache, or ``None`` (the default) for the
-        ``PEJIT_CACHE_DIR`` environment variable, else JAX's
-        ``jax_compilation_cache_dir``. Not part of the cache key.
+        ``PEJIT_CACHE_DIR`` environment variable (set but empty: off), else
+        ``pejit/`` in JAX's ``jax_compilation_cache_dir``. Not part of the
+        cache key.
 
     Examples:
       >>> import jax.numpy as jnp

@@ -401,8 +401,8 @@ def _trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals) -> tu
         vals = jax.tree_util.tree_unflatten(const_tree, [next(it) if a else s for s, a in zip(statics, is_arrays)])
         return bind(vals, in_tree, out_trees)(*leaves[len(arrays):])
 
-    structs = [_struct(jax.typeof(a)) for a in arrays] + [_struct(a) for a in avals]
     try:
+        structs = [_struct(jax.typeof(a)) for a in arrays] + [_struct(a) for a in avals]
         closed = jax.make_jaxpr(plain)(*structs)
     except Exception as e:  # the trace needs constant values: no key
         logger.debug("pejit: not cached across runs, the trace needs constant values: %s", e)
