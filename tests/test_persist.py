@@ -244,3 +244,22 @@ def test_new_values_of_a_structure_use_the_folding_program(tmp_path):
     for a in values:
         assert READ in " ".join(g.report(a, X).fallbacks)
         np.testing.assert_allclose(g(a, X), jax.jit(solve)(a, X), rtol=1e-5)
+
+
+def test_pytree_keyword_and_static_constants_under_pe(tmp_path):
+    from pejit import pe
+
+    def f(x, params, *, mode, scale):
+        y = jnp.linalg.inv(params["A"]) @ x + params["b"]
+        return (jnp.tanh(y) if mode == "tanh" else y) * scale
+
+    params = {"A": jnp.asarray(A), "b": jnp.arange(4.0)}
+    scale = jnp.asarray(2.0)
+    want = {m: np.asarray(f(X, params, mode=m, scale=scale)) for m in ("tanh", "id")}
+    for expect_hit in (False, True):
+        for m in ("tanh", "id"):
+            g = pe(f, constant_argnums=1, constant_argnames=("mode", "scale"),
+                   fold_options=FoldOptions(cache_dir=str(tmp_path)))
+            np.testing.assert_allclose(g(X, params, mode=m, scale=scale), want[m], rtol=1e-5)
+            assert (READ in " ".join(g.report(X, params, mode=m, scale=scale).fallbacks)) == expect_hit
+    assert len(entries(tmp_path)) == 2
