@@ -263,3 +263,16 @@ def test_pytree_keyword_and_static_constants_under_pe(tmp_path):
             np.testing.assert_allclose(g(X, params, mode=m, scale=scale), want[m], rtol=1e-5)
             assert (READ in " ".join(g.report(X, params, mode=m, scale=scale).fallbacks)) == expect_hit
     assert len(entries(tmp_path)) == 2
+
+
+def test_a_stored_residual_cannot_name_code():
+    closed = jax.make_jaxpr(lambda x: jnp.round(x, 1))(jnp.ones(3))
+    doc = _jaxpr_json.encode(closed.jaxpr)
+    params = doc["eqns"][0]["params"]
+    assert _jaxpr_json.decode(json.loads(json.dumps(doc))).eqns[0].primitive.name == "jit"
+    params["ctx_mesh"] = {"obj": "jax.numpy:sin"}
+    with pytest.raises(ValueError, match="not a data object"):
+        _jaxpr_json.decode(doc)
+    params["ctx_mesh"] = {"obj": "os:system"}
+    with pytest.raises(ValueError, match="not a loaded jax module"):
+        _jaxpr_json.decode(doc)

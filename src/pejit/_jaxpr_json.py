@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import sys
+import types
 from typing import Any
 
 import jax
@@ -48,6 +49,8 @@ class Unencodable(Exception):
 
 #: Module prefixes whose enums, named tuples and primitives may be named in a file.
 _TRUSTED = ("jax.", "jaxlib.")
+#: Module-level objects that are callable but data (a mesh is a context manager).
+_MESHES = (jax.sharding.Mesh, jax.sharding.AbstractMesh)
 
 
 def encode(jaxpr: Jaxpr) -> dict:
@@ -175,7 +178,11 @@ def _unparam(v: Any) -> Any:
         return decode(v["j"])
     if "obj" in v:
         module, name = v["obj"].split(":")
-        return getattr(_module(module), name)
+        obj = getattr(_module(module), name)
+        if isinstance(obj, types.ModuleType) or (callable(obj) and not isinstance(obj, _MESHES)):
+            # a file names data, never something to call
+            raise ValueError(f"{v['obj']} is not a data object")
+        return obj
     if "t" in v:
         return tuple(_unparam(x) for x in v["t"])
     if "l" in v:
