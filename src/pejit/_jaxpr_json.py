@@ -66,9 +66,10 @@ def encode(jaxpr: Jaxpr) -> dict:
             return _literal(atom)
         return ids[atom]
 
+    table = _primitives()
     eqns = []
     for e in jaxpr.eqns:
-        if _primitives().get(e.primitive.name) is not e.primitive:
+        if table.get(e.primitive.name) is not e.primitive:
             raise Unencodable(f"primitive {e.primitive.name!r} is not found by name")
         eqns.append({
             "p": e.primitive.name,
@@ -250,10 +251,14 @@ def _primitives() -> dict[str, Any]:
 
     A name two different primitives share maps to neither.
     """
+    if len(_scanned) == len(sys.modules):  # nothing imported since
+        return _table
     for name, module in list(sys.modules.items()):
-        if name in _scanned or not name.startswith(_TRUSTED):
+        if name in _scanned:
             continue
         _scanned.add(name)
+        if not name.startswith(_TRUSTED):
+            continue
         for obj in list(vars(module).values()):
             if isinstance(obj, Primitive):
                 seen = _table.setdefault(obj.name, obj)
