@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pejit import FoldOptions, PersistentCacheWarning, pejit
-from pejit import _jaxpr_json, _persist
+from pejit import _jaxpr_json, _persist, _specializer
 from pejit._demo import main as cli
 from pejit._persist import Store
 
@@ -52,11 +52,17 @@ def entries(where):
 
 
 @pytest.mark.parametrize("form", ["jit", "tfc"])
-def test_second_function_reads_what_the_first_folded(tmp_path, form):
+def test_second_function_reads_what_the_first_folded(tmp_path, form, monkeypatch):
     want = np.asarray(jax.jit(solve)(A, X))
     out, hit = call(solve, tmp_path, form=form)
     assert not hit and len(entries(tmp_path)) == 1
     np.testing.assert_allclose(out, want, rtol=1e-5)
+
+    def no_folding(*args, **kwargs):
+        raise AssertionError("folded on a hit")
+
+    for module, name in ((_persist, "specialize_jaxpr"), (_specializer, "fold"), (_specializer, "trace_program")):
+        monkeypatch.setattr(module, name, no_folding)
     out, hit = call(solve, tmp_path, form=form)
     assert hit
     np.testing.assert_allclose(out, want, rtol=1e-5)
