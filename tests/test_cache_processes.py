@@ -157,7 +157,8 @@ def test_second_process_reuses_the_persistent_compilation_cache(tmp_path):
             "misses": events.count("/jax/compilation_cache/cache_misses"),
         }))
     """
-    env = {
+    env = {  # pejit's own persistent cache off: the folding programs run, from JAX's cache
+        "PEJIT_CACHE_DIR": "",
         "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache"),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",

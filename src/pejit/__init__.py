@@ -19,6 +19,7 @@ from ._explain import explain as explain
 from ._folding import FoldOptions as FoldOptions
 from ._folding import register_fold_rule as register_fold_rule
 from ._jit import Pejitted as Pejitted
+from ._persist import PersistentCacheWarning as PersistentCacheWarning
 from ._program import Specialization as Specialization
 from ._report import FoldReport as FoldReport
 from ._residual import Residual as Residual
@@ -44,6 +45,7 @@ __all__ = [
     "NothingFoldedWarning",
     "PejitWarning",
     "Pejitted",
+    "PersistentCacheWarning",
     "Residual",
     "Specialization",
     "WritableConstantWarning",

@@ -29,6 +29,8 @@ from jax.interpreters import ad
 
 from ._explain import explain
 from ._api import pejit
+from ._folding import FoldOptions
+from ._persist import cache_dir
 
 
 # -- seed 000, part 1: a Chebyshev basis in pure JAX --------------------------
@@ -215,6 +217,14 @@ def demo(n: int = 1000, repeat: int = 10) -> None:
     print(f"   per call (median): jax.jit {t_jit * 1e3:.3f} ms, pejit {t_pe * 1e3:.3f} ms")
     print(f"   speedup: {t_jit / t_pe:.0f}x")
 
+    _section("4. Fold once per machine, not once per process")
+    print("   With PEJIT_CACHE_DIR set (or JAX's jax_compilation_cache_dir), folded constants")
+    print("   are kept on disk, and a new process running the same function on the same")
+    print("   constants reads them instead of folding again (see docs/caching.md, 'Caching")
+    print("   across runs'). `python -m pejit cache list` shows them, `... cache clear` removes them.")
+    where = cache_dir(FoldOptions())
+    print(f"   This process: {f'cached in {where}' if where else 'off (nothing set)'}")
+
 
 _DESCRIPTION = "pejit: partial-evaluation JIT compilation for JAX."
 _EPILOG = """\
@@ -238,9 +248,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = sub.add_parser("demo", help="fold the built-in examples and time them against jax.jit")
     d.add_argument("--n", type=int, default=1000, help="size of the constant matrix A (default 1000)")
     d.add_argument("--repeat", type=int, default=10, help="timed jax.jit calls (pejit: 20x as many)")
+    c = sub.add_parser("cache", help="list or clear the persistent cache of folded constants")
+    c.add_argument("action", choices=("list", "clear"))
+    c.add_argument("--dir", help="the cache directory (default: PEJIT_CACHE_DIR, else JAX's cache dir)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo(n=args.n, repeat=args.repeat)
+    if args.command == "cache":
+        from ._persist import main as cache_main
+
+        return cache_main(args.action, args.dir)
+    demo(n=args.n, repeat=args.repeat)
     return 0
 
 

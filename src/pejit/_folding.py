@@ -28,6 +28,7 @@ Three kinds of known values exist while tracing:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -182,6 +183,12 @@ class FoldOptions:
       backend: how batches of known work are evaluated: ``"auto"`` (a cost
         model picks per batch, see `pejit._batch`), ``"eager"`` (op by
         op) or ``"compiled"`` (one ``jax.jit`` program per batch).
+      cache_dir: where folded constants are kept across processes (see
+        [Caching across runs](caching.md#caching-across-runs)): a directory,
+        ``False`` for no persistent cache, or ``None`` (the default) for the
+        ``PEJIT_CACHE_DIR`` environment variable (set but empty: off), else
+        ``pejit/`` in JAX's ``jax_compilation_cache_dir``. Not part of the
+        cache key.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -203,6 +210,7 @@ class FoldOptions:
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
     backend: str = "auto"
+    cache_dir: str | os.PathLike | bool | None = None
 
     def __post_init__(self):
         if self.backend not in _batch.BACKENDS:

@@ -10,6 +10,7 @@ otherwise per value (:func:`specialize_per_value`).
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 import jax
 
-from . import _argnums, _compat, _errors
+from . import _argnums, _compat, _errors, _persist
 from ._argnums import interleave
 from ._cache import SpecializationCache
 from ._dispatch import Layout
@@ -31,13 +32,28 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 
 
 def specialize(
-    info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs
+    info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
+    persist: bool = True,
 ) -> Specialization:
-    """Fold for these constants: with a shared program if values don't matter."""
+    """Fold for these constants: with a shared program if values don't matter.
+
+    With a persistent cache directory (see :mod:`pejit._persist`), folded
+    constants stored by an earlier process are read instead."""
     dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
     avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
     const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
     where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
+    root = _persist.cache_dir(info.fold_options) if persist else None
+    if root is not None:
+        return _persist.specialize(
+            root, info, where, const_leaves, const_tree, in_tree, avals,
+            traces=(programs, ("persist", where, const_tree, structure_key(const_leaves), in_tree, avals,
+                              _compat.axis_env_key())),
+            bind=functools.partial(bind_constants, info, where),
+            fold=functools.partial(specialize, info, layout, programs, const_pos, const_kw, dyn_args, dyn_kwargs,
+                                   persist=False),
+            runner=functools.partial(make_runner, info, layout), place=functools.partial(place, info),
+        )
     nargs = len(layout.const) + len(layout.dyn)
     if info.one_value:
         return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, None)

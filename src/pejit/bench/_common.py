@@ -97,14 +97,14 @@ def src_root() -> str:
     return str(Path(pejit.__file__).resolve().parent.parent)
 
 
-def run_worker(python: str, module: str, spec: dict, timeout: float = 600) -> dict:
+def run_worker(python: str, module: str, spec: dict, timeout: float = 600, env: dict | None = None) -> dict:
     """Run ``python -m module '<spec json>'``; return the JSON it prints last.
 
     The worker inherits this process's ``XLA_FLAGS`` (the driver sets them
     before JAX starts); workers must not set them on import, since pytest's
     doctest collection imports them into the test process.
     """
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join([src_root(), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run(
         [python, "-m", module, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=timeout

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -53,6 +55,14 @@ class Context:
             return run_worker(self.tfc_python, module, spec)
         except Exception as e:  # report n/a, keep the suite going
             print(f"  TFC {spec['case']}: {e}".splitlines()[0], file=sys.stderr)
+            return {"error": str(e)[-300:]}
+
+    def tfc_env(self, module: str, spec: dict, env: dict[str, str]) -> dict:
+        """A TFC-Python worker with extra environment variables (errors become ``{"error": ...}``)."""
+        try:
+            return run_worker(self.tfc_python, module, spec, env=env)
+        except Exception as e:
+            print(f"  {spec['case']}: {e}".splitlines()[0], file=sys.stderr)
             return {"error": str(e)[-300:]}
 
     def cold(self, spec: dict) -> dict:
@@ -387,7 +397,54 @@ def case9(ctx: Context) -> dict:
     return {"n": n, "m": m, "steady": steady, "fold": fold, "repeat": repeat}
 
 
-CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8, 9: case9}
+#: (points per axis, basis functions) of TFC's WaveEquation2D example at full size
+FULL_PDE_SIZE = (11, 650)
+
+
+_JAX_CACHE = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def persistent_cache(ctx: Context, n: int, m: int, variants: tuple[str, ...]) -> dict:
+    """First result in fresh processes: without the cache, cold cache, warm cache."""
+    out: dict[str, Any] = {}
+    for variant in variants:
+        runs: dict[str, list] = {"off": [], "cold": [], "warm": []}
+        disk, folded = [], []
+        for _ in range(ctx.cold_repeat or 1):
+            with tempfile.TemporaryDirectory() as where:
+                spec = {"case": "pde_fold", "n": n, "m": m, "variant": variant}
+                for mode in ("off", "cold", "warm"):
+                    # JAX's persistent compilation cache is on in every mode
+                    # (cold in the first two): it saves the residual's compile
+                    env = dict(_JAX_CACHE, JAX_COMPILATION_CACHE_DIR=os.path.join(where, f"jax-{mode == 'off'}"),
+                               PEJIT_CACHE_DIR="" if mode == "off" else os.path.join(where, "pejit"))
+                    runs[mode].append(ctx.tfc_env("pejit.bench._tfc", spec, env))
+                disk.append(_dir_bytes(os.path.join(where, "pejit")))
+                folded.append(runs["cold"][-1].get("folded_bytes"))
+        seconds = {k: [r.get("seconds") for r in v] for k, v in runs.items()}
+        print(f"  {variant} n={n} m={m}: " + ", ".join(f"{k} {[_s(t) for t in v]}" for k, v in seconds.items()),
+              flush=True)
+        out[variant] = {"seconds": seconds, "disk_bytes": disk, "folded_bytes": folded,
+                        "checksums": {k: [r.get("checksum") for r in v] for k, v in runs.items()}}
+    return out
+
+
+def case10(ctx: Context) -> dict:
+    """Persistent cache: a second process's first result on the PDE of case 9 (and full-size WaveEquation2D)."""
+    if ctx.tfc_python is None:
+        return {"error": "TFC not installed"}
+    n, m = PDE_SIZE[ctx.quick]
+    result = {"n": n, "m": m, "case9": persistent_cache(ctx, n, m, ("pejit", "pejit_jit"))}
+    if not ctx.quick:
+        result["full"] = persistent_cache(ctx, *FULL_PDE_SIZE, ("pejit",))
+    return result
+
+
+CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8, 9: case9, 10: case10}
 
 
 @dataclasses.dataclass
@@ -418,6 +475,27 @@ def _pde_targets(r: dict) -> list[Target]:
         worst = errors["pejit"]
         out.append(Target("case 9: same solution as TFC (max relative difference <= 1e-6)", worst <= 1e-6,
                           f"pejit {worst:.1e}, hand-folded {errors['hand']:.1e}"))
+    return out
+
+
+def _persist_targets(r: dict) -> list[Target]:
+    """Case 10: medians over the fresh-process repeats, warm and cold against off."""
+    out = []
+    for size, warm_limit in (("case9", 0.5), ("full", 0.1)):
+        for variant, row in (r.get(size) or {}).items():
+            med = {k: statistics.median(t for t in v if t is not None) if any(t is not None for t in v) else None
+                   for k, v in row["seconds"].items()}
+            off = med.get("off")
+            for mode, limit in (("warm", warm_limit), ("cold", 1.05)):
+                got = med.get(mode)
+                ok = None if got is None or off is None else got / off <= limit
+                out.append(Target(f"case 10 {size} {variant}: {mode} cache / no cache <= {limit}", ok,
+                                  "n/a" if ok is None else f"{_s(got)} / {_s(off)} = {got / off:.2f}"))
+            pairs = [(d, f) for d, f in zip(row["disk_bytes"], row["folded_bytes"]) if f]
+            if pairs:
+                ratio = max(d / f for d, f in pairs)
+                out.append(Target(f"case 10 {size} {variant}: disk / folded bytes <= 1.2", ratio <= 1.2,
+                                  f"{pairs[0][0] / 2**20:.1f} MiB / {pairs[0][1] / 2**20:.1f} MiB = {ratio:.3f}"))
     return out
 
 
@@ -482,6 +560,8 @@ def targets(results: dict) -> list[Target]:
                           four <= 0.5 * one, f"+{four / 2**20:.0f} MiB / +{one / 2**20:.0f} MiB = {four / one:.2f}"))
     if 9 in results:
         out += _pde_targets(results[9])
+    if 10 in results:
+        out += _persist_targets(results[10])
     if 8 in results:
         r = results[8]
         t = r["totals"]

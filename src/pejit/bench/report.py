@@ -21,6 +21,7 @@ NAMES = {
     "tfc": "TFC pejit",
     "pejit": "pejit",
     "hand": "hand-folded",
+    "pejit_jit": "pejit, call-time form",
 }
 
 
@@ -206,7 +207,22 @@ def _case9(r):
     return lines
 
 
-SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8, 9: _case9}
+def _case10(r):
+    lines = ["## Case 10: persistent cache, a second process's first result",
+             "", "Each run a fresh process, JAX's persistent compilation cache on in all three:",
+             "*off* (`PEJIT_CACHE_DIR=`), *cold* (empty pejit cache), *warm* (the cold run's caches);",
+             "pejit is the TFC form `pejit(xi, *x, constant_arg_nums=[1, 2, 3])(step)`.",
+             "", "| size | variant | off | cold | warm | disk / folded bytes |", "|---|---|---|---|---|---|"]
+    for size in ("case9", "full"):
+        for variant, row in (r.get(size) or {}).items():
+            cells = [", ".join(_s(t) for t in row["seconds"][k]) for k in ("off", "cold", "warm")]
+            ratios = [f"{d / f:.3f}" for d, f in zip(row["disk_bytes"], row["folded_bytes"]) if f]
+            lines.append(f"| {size} | {NAMES.get(variant, variant)} | {' | '.join(cells)} | {', '.join(ratios)} |")
+    return lines
+
+
+SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8, 9: _case9,
+            10: _case10}
 
 
 def _plots(out: Path, stem: str, results: dict) -> None:
