@@ -103,8 +103,11 @@ def fold(
         if plan is not None:
             jaxpr, consts = plan.jaxpr, plan.select(consts)
     consts = [_to_device(c) for c in consts]
-    for c in consts:  # folding is only done when its results are
-        jax.block_until_ready(c)
+    # Folding is only done when its results are: wait for the concrete ones,
+    # all at once. Abstract constants (tracers of a folding program being
+    # traced) have nothing to wait for, and asking a tracer for
+    # ``block_until_ready`` builds JAX's error message (tens of ms each).
+    jax.block_until_ready([c for c in consts if not is_abstract(c)])
     seconds = time.perf_counter() - start
     closed = _compat.close_jaxpr(jaxpr, consts)
     report = FoldReport.build(
