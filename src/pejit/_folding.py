@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import jax
 from jax.extend.core import Primitive
 
-from . import _abstract, _batch, _compat, _flops
+from . import _abstract, _batch, _compat, _flops, _values
 from ._batch import nbytes
 from ._multihost import check_fetchable
 from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
@@ -264,6 +264,9 @@ class Folder:
         # how often each recipe output was an input to something: values used
         # outside the batch that computes them are kept, not recomputed
         self._uses: Counter = Counter()
+        # what the batches hold on to: uniform values as a broadcast of one
+        # element, equal ones once (see pejit._values)
+        self._keep = _values.Compactor()
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
@@ -515,9 +518,9 @@ class Folder:
                 wanted = set(targets)
                 env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
                 self._materialized = {v: x for v, x in env.items() if v in wanted}
-                values = _batch.run_batch(plan, _handover(env), outputs)
+                values = _batch.run_batch(plan, _handover(env), outputs, self._keep)
             else:
-                values = _batch.run_batch(plan, self._materialized, outputs)
+                values = _batch.run_batch(plan, self._materialized, outputs, self._keep)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(

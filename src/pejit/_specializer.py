@@ -24,7 +24,8 @@ from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
 from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
-from ._residual import fold, share_constants
+from ._residual import fold, share_constants, to_device
+from ._values import Compactor
 
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -129,7 +130,10 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
     reason = why_per_value(traced["jaxpr"], traced["traces"])
     if reason is not None:
         return PerValue(reason), None
-    consts = program.first_value(*arrays)
+    # Uniform and equal constants are kept small as they are produced (see
+    # pejit._values), unless they must keep the placement asked for.
+    keep = Compactor() if info.constant_shardings is None else None
+    consts = program.first_value(*arrays, keep=keep)
     program.residual = traced["jaxpr"]
     unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
     return shared_program(info, layout, unshared, consts)
@@ -147,6 +151,7 @@ def shared_program(info: PejitInfo, layout: Layout, program: Program, consts: li
     plan = share_constants(jaxpr, consts) if info.fold_options.literals else None
     if plan is not None:
         jaxpr, consts = plan.jaxpr, plan.select(consts)
+    consts = [to_device(c) for c in consts]  # a uniform one may be a NumPy broadcast
     if folding.share is None:
         folding.share = plan
     run = make_runner(info, layout, jaxpr, len(consts), program.out_tree)
