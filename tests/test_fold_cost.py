@@ -136,3 +136,50 @@ def test_kept_values_are_compact():
     uniform = [v for v in kept if isinstance(v, np.ndarray) and v.strides == (0,)]
     others = {id(v) for v in kept if not isinstance(v, np.ndarray)}
     assert len(uniform) >= 4 and len(others) == 1, (len(uniform), len(others))
+
+
+# -- visibility: stage timings and progress ---------------------------------------
+def test_stages_are_logged(caplog):
+    import logging
+
+    a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
+    with caplog.at_level(logging.DEBUG, logger="pejit"):
+        pejit(lambda a, x: many_constants(a, x, 3), constant_argnums=0)(a, x)
+        pejit(a, x, constant_arg_nums=[0])(lambda a, x: many_constants(a, x, 3))(x)
+    messages = [r.getMessage() for r in caplog.records if r.name == "pejit"]
+    for stage in ("trace ", "fold ", "trace and fold ", "batch of "):
+        assert any(stage in m for m in messages), (stage, messages)
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_progress_without_tqdm_prints_lines(monkeypatch, capsys, how):
+    import sys
+
+    from pejit import FoldOptions, _progress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    options = FoldOptions(progress=True) if how == "option" else FoldOptions()
+    if how == "environment":
+        monkeypatch.setenv(_progress.ENV, "1")
+    a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
+    pejit(a, x, constant_arg_nums=[0], fold_options=options)(lambda a, x: many_constants(a, x, 3))(x)
+    err = capsys.readouterr().err
+    assert "trace and fold" in err and "batch of" in err
+
+
+def test_progress_bar(monkeypatch):
+    tqdm = pytest.importorskip("tqdm.auto")
+    from pejit import FoldOptions
+
+    bars = []
+    real = tqdm.tqdm
+
+    def recording(*args, **kwargs):
+        bars.append(real(*args, **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(tqdm, "tqdm", recording)
+    a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
+    pejit(lambda a, x: many_constants(a, x, 3), constant_argnums=0, fold_options=FoldOptions(progress=True))(a, x)
+    assert len(bars) == 1 and bars[0].n == bars[0].total > 0

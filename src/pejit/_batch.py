@@ -189,7 +189,8 @@ def _fusible(prim, params) -> bool:
 
 
 def run_batch(
-    segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None
+    segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
+    tick: Callable[[int], None] | None = None,
 ) -> list[Any]:
     """Evaluate the planned batch and return the values of ``outputs``.
 
@@ -198,13 +199,15 @@ def run_batch(
     few arrays alive, not all of them. An output is handed to ``keep`` as
     soon as it is produced, and what ``keep`` returns is what the batch
     holds on to (see :class:`pejit._values.Compactor`); the value itself
-    stays only until its last use in the batch.
+    stays only until its last use in the batch. ``tick(n)`` is told of
+    every ``n`` equations evaluated (a progress bar).
     """
     env = dict(env)
     uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
     wanted = set(outputs)
     results = {v: env[v] for v in outputs if v in env}
     keep = keep or (lambda x: x)
+    tick = tick or (lambda n: None)
 
     def define(pairs):
         for v, x in pairs:
@@ -221,6 +224,7 @@ def run_batch(
                 out = [v for v in produced if v in wanted or uses[v] > inside[v]]
                 define(zip(out, _run_compiled(seg.recipes, env, out)))
                 _release(env, uses, [a for r in seg.recipes for a in r.args])
+                tick(len(seg.recipes))
             else:
                 outer = None
                 if seg.backend == "program":
@@ -232,11 +236,13 @@ def run_batch(
                     define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     del outs
                     _release(env, uses, r.args)
+                    tick(1)
     return [results[v] for v in outputs]
 
 
 def evaluate_jaxpr(
-    closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None
+    closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
+    tick: Callable[[int], None] | None = None,
 ) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
 
@@ -254,7 +260,7 @@ def evaluate_jaxpr(
         for e in jaxpr.eqns
     ]
     outputs = [v for v in jaxpr.outvars if _is_var(v)]
-    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep))
+    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
 
 

@@ -35,7 +35,9 @@ from typing import Any, Protocol
 import jax
 from jax.extend.core import Primitive
 
-from . import _abstract, _batch, _compat, _flops, _values
+import time
+
+from . import _abstract, _batch, _compat, _flops, _progress, _values
 from ._batch import nbytes
 from ._multihost import check_fetchable
 from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
@@ -182,6 +184,10 @@ class FoldOptions:
       backend: how batches of known work are evaluated: ``"auto"`` (a cost
         model picks per batch, see `pejit._batch`), ``"eager"`` (op by
         op) or ``"compiled"`` (one ``jax.jit`` program per batch).
+      progress: show a progress bar of the fold (``tqdm``, the ``progress``
+        extra; without it, log lines); ``None`` reads the environment
+        variable ``PEJIT_PROGRESS``. Stage timings go to the ``pejit``
+        logger either way (see `pejit._progress`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -203,6 +209,7 @@ class FoldOptions:
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
     backend: str = "auto"
+    progress: bool | None = None
 
     def __post_init__(self):
         if self.backend not in _batch.BACKENDS:
@@ -255,8 +262,9 @@ class Folder:
     #: equation reads (see :data:`FUSES_OPERANDS`).
     stores_unfused: bool = True
 
-    def __init__(self, options: FoldOptions = FoldOptions()):
+    def __init__(self, options: FoldOptions = FoldOptions(), progress: _progress.Progress | None = None):
         self.options = options
+        self.progress = progress or _progress.Progress("fold", False)
         self.stats = FoldStats()
         # output Var of a staged known equation -> how to compute it
         self._recipes: dict[Any, _batch.Recipe] = {}
@@ -270,7 +278,7 @@ class Folder:
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
-        child = Folder(self.options)
+        child = Folder(self.options, self.progress)
         child.stats = self.stats
         return child
 
@@ -513,14 +521,16 @@ class Folder:
             abstract = _batch.reads_abstract(batch, self._materialized)
             backend = "program" if abstract else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
+            start = time.perf_counter()
+            tick = self.progress.advance
             if final:
                 # hand the earlier values over: run_batch frees each at its last use
                 wanted = set(targets)
                 env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
                 self._materialized = {v: x for v, x in env.items() if v in wanted}
-                values = _batch.run_batch(plan, _handover(env), outputs, self._keep)
+                values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick)
             else:
-                values = _batch.run_batch(plan, self._materialized, outputs, self._keep)
+                values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
@@ -530,6 +540,10 @@ class Folder:
                     Counter(r.prim.name for r in seg.recipes),
                 )
                 for seg in plan
+            )
+            self.progress.batch(
+                Counter(seg.backend for seg in plan), len(batch), sum(r.out_bytes() for r in batch),
+                time.perf_counter() - start,
             )
         return [self._materialized[v] for v in targets]
 

@@ -21,6 +21,7 @@ from . import _compat, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._primitives import FUSES_OPERANDS
+from ._progress import Progress
 from ._report import FoldReport
 from ._values import content_key, uniform_value
 
@@ -77,16 +78,18 @@ def fold(
     known_invars: tuple[int, ...] = (),
     fallbacks: tuple[str, ...] = (),
     retry_eager_bodies: bool = True,
+    progress: Progress | None = None,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work.
 
     A trace that fails because Python needed a concrete value inside a loop
     body or branch is retried with JAX folding eagerly inside bodies, unless
     ``retry_eager_bodies`` is off (no help when the constants are abstract).
+    ``progress`` is told of the batches (see `pejit._progress`).
     """
     start = time.perf_counter()
     try:
-        folder = Folder(options)
+        folder = Folder(options, progress)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
         if not retry_eager_bodies:
@@ -94,7 +97,7 @@ def fold(
         # Python needed a concrete value inside a loop body or branch, which
         # pejit traces abstractly (so that effects there stay); let JAX fold
         # eagerly inside bodies instead. A genuinely dynamic value fails again.
-        folder = Folder(options)
+        folder = Folder(options, progress)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
     if options.literals:
