@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend.core import Primitive, jaxpr_as_fun
 
 from . import _abstract, _compat
 from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
@@ -249,9 +250,20 @@ def evaluate_jaxpr(
     The folding program's first value goes this way: each equation is a
     recipe, so the back end is chosen per segment by the cost model (or by
     ``backend``), each intermediate is freed after its last consumer, and
-    ``keep`` sees each output as soon as it is produced.
+    ``keep`` sees each output as soon as it is produced. A program with a
+    call that binds Python functions (a ``custom_jvp``/``custom_vjp`` call)
+    is evaluated by JAX's interpreter instead, op by op.
     """
     jaxpr = closed_jaxpr.jaxpr
+    keep = keep or (lambda x: x)
+    if any(type(e.primitive).get_bind_params is not Primitive.get_bind_params for e in jaxpr.eqns):
+        # a call whose bind takes Python functions rebuilt from its params
+        # (custom_jvp/custom_vjp calls folded whole): JAX's interpreter knows how
+        with _compat.evaluating():
+            outs = jaxpr_as_fun(closed_jaxpr)(*args)
+        if tick is not None:
+            tick(len(jaxpr.eqns))
+        return [keep(x) for x in outs]
     env = dict(zip(jaxpr.constvars, closed_jaxpr.consts))
     env.update(zip(jaxpr.invars, args))
     recipes = [
