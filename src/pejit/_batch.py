@@ -32,11 +32,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from jax.extend.core import Primitive, jaxpr_as_fun
 
 from . import _abstract, _compat
 from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
@@ -188,24 +189,43 @@ def _fusible(prim, params) -> bool:
     return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in NOT_FUSED
 
 
-def run_batch(segments: Sequence[Segment], env: dict, outputs: Sequence[Any]) -> list[Any]:
+def run_batch(
+    segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
+    tick: Callable[[int], None] | None = None,
+) -> list[Any]:
     """Evaluate the planned batch and return the values of ``outputs``.
 
     ``env`` maps the ``Var`` of already materialized values to them.
     Intermediates are dropped after their last use, so a long chain keeps a
-    few arrays alive, not all of them.
+    few arrays alive, not all of them. An output is handed to ``keep`` as
+    soon as it is produced, and what ``keep`` returns is what the batch
+    holds on to (see :class:`pejit._values.Compactor`); the value itself
+    stays only until its last use in the batch. ``tick(n)`` is told of
+    every ``n`` equations evaluated (a progress bar).
     """
     env = dict(env)
     uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
-    keep = set(outputs)
+    wanted = set(outputs)
+    results = {v: env[v] for v in outputs if v in env}
+    keep = keep or (lambda x: x)
+    tick = tick or (lambda n: None)
+
+    def define(pairs):
+        for v, x in pairs:
+            if v in wanted:
+                results[v] = keep(x)
+            if uses[v]:
+                env[v] = x
+
     with _compat.evaluating():
         for seg in segments:
             if seg.backend == "compiled":
                 produced = [v for r in seg.recipes for v in r.outvars if v is not None]
                 inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
-                wanted = [v for v in produced if v in keep or uses[v] > inside[v]]
-                env.update(zip(wanted, _run_compiled(seg.recipes, env, wanted)))
-                _release(env, uses, keep, [a for r in seg.recipes for a in r.args])
+                out = [v for v in produced if v in wanted or uses[v] > inside[v]]
+                define(zip(out, _run_compiled(seg.recipes, env, out)))
+                _release(env, uses, [a for r in seg.recipes for a in r.args])
+                tick(len(seg.recipes))
             else:
                 outer = None
                 if seg.backend == "program":
@@ -213,9 +233,47 @@ def run_batch(segments: Sequence[Segment], env: dict, outputs: Sequence[Any]) ->
                 for r in seg.recipes:
                     args = [env[a] if _is_var(a) else a for a in r.args]
                     outs = _abstract.evaluate(r.prim, args, r.params, outer)
-                    env.update(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
-                    _release(env, uses, keep, r.args)
-    return [env[v] for v in outputs]
+                    del args
+                    define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
+                    del outs
+                    _release(env, uses, r.args)
+                    tick(1)
+    return [results[v] for v in outputs]
+
+
+def evaluate_jaxpr(
+    closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
+    tick: Callable[[int], None] | None = None,
+) -> list[Any]:
+    """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
+
+    The folding program's first value goes this way: each equation is a
+    recipe, so the back end is chosen per segment by the cost model (or by
+    ``backend``), each intermediate is freed after its last consumer, and
+    ``keep`` sees each output as soon as it is produced. A program with a
+    call that binds Python functions (a ``custom_jvp``/``custom_vjp`` call)
+    is evaluated by JAX's interpreter instead, op by op.
+    """
+    jaxpr = closed_jaxpr.jaxpr
+    keep = keep or (lambda x: x)
+    if any(type(e.primitive).get_bind_params is not Primitive.get_bind_params for e in jaxpr.eqns):
+        # a call whose bind takes Python functions rebuilt from its params
+        # (custom_jvp/custom_vjp calls folded whole): JAX's interpreter knows how
+        with _compat.evaluating():
+            outs = jaxpr_as_fun(closed_jaxpr)(*args)
+        if tick is not None:
+            tick(len(jaxpr.eqns))
+        return [keep(x) for x in outs]
+    env = dict(zip(jaxpr.constvars, closed_jaxpr.consts))
+    env.update(zip(jaxpr.invars, args))
+    recipes = [
+        Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in e.invars), e.params,
+               tuple(None if _compat.is_drop_var(v) else v for v in e.outvars))
+        for e in jaxpr.eqns
+    ]
+    outputs = [v for v in jaxpr.outvars if _is_var(v)]
+    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick))
+    return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
 
 
 def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
@@ -227,11 +285,11 @@ def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
     return _abstract.any_abstract(env.get(a) if _is_var(a) else a for r in recipes for a in r.args)
 
 
-def _release(env, uses, keep, args):
+def _release(env, uses, args):
     for a in args:
         if _is_var(a):
             uses[a] -= 1
-            if uses[a] == 0 and a not in keep:
+            if uses[a] == 0:
                 env.pop(a, None)
 
 

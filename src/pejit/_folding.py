@@ -36,7 +36,9 @@ from typing import Any, Protocol
 import jax
 from jax.extend.core import Primitive
 
-from . import _abstract, _batch, _compat, _flops
+import time
+
+from . import _abstract, _batch, _compat, _flops, _progress, _values
 from ._batch import nbytes
 from ._multihost import check_fetchable
 from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
@@ -189,6 +191,10 @@ class FoldOptions:
         ``PEJIT_CACHE_DIR`` environment variable (set but empty: off), else
         ``pejit/`` in JAX's ``jax_compilation_cache_dir``. Not part of the
         cache key.
+      progress: show a progress bar of the fold (``tqdm``, the ``progress``
+        extra; without it, log lines); ``None`` reads the environment
+        variable ``PEJIT_PROGRESS``. Stage timings go to the ``pejit``
+        logger either way (see `pejit._progress`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -211,6 +217,7 @@ class FoldOptions:
     loop_residual_bytes: int = 64 * 2**20
     backend: str = "auto"
     cache_dir: str | os.PathLike | bool | None = None
+    progress: bool | None = None
 
     def __post_init__(self):
         if self.backend not in _batch.BACKENDS:
@@ -263,8 +270,9 @@ class Folder:
     #: equation reads (see :data:`FUSES_OPERANDS`).
     stores_unfused: bool = True
 
-    def __init__(self, options: FoldOptions = FoldOptions()):
+    def __init__(self, options: FoldOptions = FoldOptions(), progress: _progress.Progress | None = None):
         self.options = options
+        self.progress = progress or _progress.Progress("fold", False)
         self.stats = FoldStats()
         # output Var of a staged known equation -> how to compute it
         self._recipes: dict[Any, _batch.Recipe] = {}
@@ -272,10 +280,13 @@ class Folder:
         # how often each recipe output was an input to something: values used
         # outside the batch that computes them are kept, not recomputed
         self._uses: Counter = Counter()
+        # what the batches hold on to: uniform values as a broadcast of one
+        # element, equal ones once (see pejit._values)
+        self._keep = _values.Compactor()
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
-        child = Folder(self.options)
+        child = Folder(self.options, self.progress)
         child.stats = self.stats
         return child
 
@@ -518,14 +529,16 @@ class Folder:
             abstract = _batch.reads_abstract(batch, self._materialized)
             backend = "program" if abstract else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
+            start = time.perf_counter()
+            tick = self.progress.advance
             if final:
                 # hand the earlier values over: run_batch frees each at its last use
                 wanted = set(targets)
                 env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
                 self._materialized = {v: x for v, x in env.items() if v in wanted}
-                values = _batch.run_batch(plan, _handover(env), outputs)
+                values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick)
             else:
-                values = _batch.run_batch(plan, self._materialized, outputs)
+                values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
@@ -535,6 +548,10 @@ class Folder:
                     Counter(r.prim.name for r in seg.recipes),
                 )
                 for seg in plan
+            )
+            self.progress.batch(
+                Counter(seg.backend for seg in plan), len(batch), sum(r.out_bytes() for r in batch),
+                time.perf_counter() - start,
             )
         return [self._materialized[v] for v in targets]
 

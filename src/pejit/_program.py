@@ -76,16 +76,27 @@ class FoldingProgram:
         self.residual: Jaxpr | None = None
         self.share: SharePlan | None = None
 
-    def evaluate(self, *arrays) -> list:
-        return jaxpr_as_fun(self.traced.jaxpr)(*arrays)
+    def evaluate(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
+        """Evaluate the program's jaxpr on ``arrays`` without compiling it whole.
 
-    def first_value(self, *arrays) -> list:
+        One batch of the folding back end (:func:`pejit._batch.evaluate_jaxpr`):
+        op by op or by compiled segments, each intermediate freed after its
+        last use; ``keep`` sees each folded constant as it is produced,
+        ``tick`` the equations evaluated.
+        """
+        backend = "eager" if self.backend == "compiled" else self.backend
+        return _batch.evaluate_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick)
+
+    def first_value(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
         """The folded constants of the first value (see the class docstring)."""
         if self.backend == "compiled" or (
             self.backend == "auto" and _batch.one_program_pays(self.traced.jaxpr.eqns)
         ):
-            return self(*arrays)
-        return self.evaluate(*arrays)
+            consts = self(*arrays)
+            if tick is not None:
+                tick(len(self.traced.jaxpr.eqns))
+            return consts
+        return self.evaluate(*arrays, keep=keep, tick=tick)
 
     def __call__(self, *arrays) -> list:
         if self.compiled is None and self._compilable:

@@ -8,7 +8,6 @@ built by anything, without re-tracing Python.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +21,9 @@ from . import _compat, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._primitives import FUSES_OPERANDS
+from ._progress import Progress
 from ._report import FoldReport
+from ._values import content_key, uniform_value
 
 
 #: What Python raises when it needs the concrete value of a tracer.
@@ -77,16 +78,18 @@ def fold(
     known_invars: tuple[int, ...] = (),
     fallbacks: tuple[str, ...] = (),
     retry_eager_bodies: bool = True,
+    progress: Progress | None = None,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work.
 
     A trace that fails because Python needed a concrete value inside a loop
     body or branch is retried with JAX folding eagerly inside bodies, unless
     ``retry_eager_bodies`` is off (no help when the constants are abstract).
+    ``progress`` is told of the batches (see `pejit._progress`).
     """
     start = time.perf_counter()
     try:
-        folder = Folder(options)
+        folder = Folder(options, progress)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
         if not retry_eager_bodies:
@@ -94,7 +97,7 @@ def fold(
         # Python needed a concrete value inside a loop body or branch, which
         # pejit traces abstractly (so that effects there stay); let JAX fold
         # eagerly inside bodies instead. A genuinely dynamic value fails again.
-        folder = Folder(options)
+        folder = Folder(options, progress)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
     if options.literals:
@@ -102,9 +105,12 @@ def fold(
         plan = share_constants(jaxpr, consts)
         if plan is not None:
             jaxpr, consts = plan.jaxpr, plan.select(consts)
-    consts = [_to_device(c) for c in consts]
-    for c in consts:  # folding is only done when its results are
-        jax.block_until_ready(c)
+    consts = [to_device(c) for c in consts]
+    # Folding is only done when its results are: wait for the concrete ones,
+    # all at once. Abstract constants (tracers of a folding program being
+    # traced) have nothing to wait for, and asking a tracer for
+    # ``block_until_ready`` builds JAX's error message (tens of ms each).
+    jax.block_until_ready([c for c in consts if not is_abstract(c)])
     seconds = time.perf_counter() - start
     closed = _compat.close_jaxpr(jaxpr, consts)
     report = FoldReport.build(
@@ -233,11 +239,11 @@ class SharePlan:
     def select(self, consts: Sequence[Any]) -> list[Any] | None:
         """The constants to pass, or ``None`` if ``consts`` break the plan."""
         for i, value in self.splats:
-            got = _uniform_value(consts[i])
+            got = uniform_value(consts[i])
             if got is None or got.tobytes() != value.tobytes():
                 return None
         for i, j in self.equal:
-            if _content_key(consts[i]) != _content_key(consts[j]):
+            if content_key(consts[i]) != content_key(consts[j]):
                 return None
         return [consts[i] for i in self.keep]
 
@@ -261,9 +267,9 @@ def share_constants(jaxpr, consts: Sequence[Any]) -> SharePlan | None:
                if isinstance(v, _compat.Var)}
     constvars = jaxpr.invars[: len(consts)]  # ``jaxpr`` is open
     for i, (var, c) in enumerate(zip(constvars, consts)):
-        value = None if var in outputs or var in unfused else _uniform_value(c)
+        value = None if var in outputs or var in unfused else uniform_value(c)
         twin = kinds[np.shape(c), str(getattr(c, "dtype", type(c)))] > 1
-        key = _content_key(c) if twin else ("id", id(c))
+        key = content_key(c) if twin else ("id", id(c))
         if value is not None:
             splats.append((i, value))
             eqns.append(_splat(var, value))
@@ -285,50 +291,6 @@ def share_constants(jaxpr, consts: Sequence[Any]) -> SharePlan | None:
     return SharePlan(jaxpr, tuple(keep), tuple(splats), tuple(equal))
 
 
-def _on_host(c) -> bool:
-    """Whether reading ``c`` as a NumPy array copies nothing."""
-    if isinstance(c, np.ndarray):
-        return True
-    return isinstance(c, jax.Array) and c.is_fully_addressable and all(d.platform == "cpu" for d in c.devices())
-
-
-def _content_key(c):
-    # values on an accelerator are not copied to the host to be compared
-    if isinstance(c, _compat.Tracer) or not _on_host(c):
-        return ("id", id(c))
-    a = np.asarray(c)
-    if a.dtype == object or not a.flags.c_contiguous:
-        return ("id", id(c))
-    return (a.shape, a.dtype.str, hashlib.sha1(a.reshape(-1).view(np.uint8)).digest())
-
-
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def _uniform_value(c):
-    """The one value every element of ``c`` has, bit for bit, else ``None``.
-
-    Bits, not ``==``: ``-0.0`` and ``0.0`` must stay apart, NaNs must not.
-    """
-    if isinstance(c, _compat.Tracer) or not isinstance(c, (jax.Array, np.ndarray)) or np.size(c) < 2:
-        return None
-    if jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended) or c.dtype.itemsize not in _UINT:
-        return None
-    if isinstance(c, jax.Array) and not c.is_fully_addressable:
-        return None  # sharded over processes (jax.distributed): not worth a collective here
-    if not _on_host(c):  # compared where it lives; only the verdict is copied
-        with _compat.at_top_level():
-            bits = jax.lax.bitcast_convert_type(c, _UINT[c.dtype.itemsize]).reshape(-1)
-            if not bool(jax.numpy.all(bits == bits[0])):
-                return None
-            return np.asarray(c.reshape(-1)[0])[()]
-    a = np.ascontiguousarray(c)
-    bits = a.reshape(-1).view(_UINT[a.dtype.itemsize])
-    if bits[-1] != bits[0] or not np.all(bits == bits[0]):
-        return None
-    return a.reshape(-1)[0]
-
-
 def _splat(var, value):
     """The equation ``var = broadcast_in_dim(value)`` (a literal scalar)."""
     scalar = _compat.ShapedArray((), var.aval.dtype)
@@ -339,7 +301,7 @@ def _splat(var, value):
     return _compat.new_jaxpr_eqn([literal], [var], template.primitive, template.params, set())
 
 
-def _to_device(c):
+def to_device(c):
     """Folded constants live on device: NumPy results are copied once.
 
     A ``jax.Array`` already does, and a token is not data (jax.jit passes it as it is).
@@ -349,4 +311,4 @@ def _to_device(c):
     return jax.device_put(np.asarray(c))
 
 
-__all__ = ["Residual", "SharePlan", "fold", "share_constants", "specialize_jaxpr", "nbytes", "FoldStats"]
+__all__ = ["Residual", "SharePlan", "fold", "share_constants", "specialize_jaxpr", "to_device", "nbytes", "FoldStats"]

@@ -18,14 +18,15 @@ from typing import Any
 
 import jax
 
-from . import _argnums, _compat, _errors, _persist
+from . import _argnums, _compat, _errors, _persist, _progress
 from ._argnums import interleave
 from ._cache import SpecializationCache
 from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
 from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
-from ._residual import fold, share_constants
+from ._residual import fold, share_constants, to_device
+from ._values import Compactor
 
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -70,7 +71,8 @@ def specialize(
     if isinstance(program, PerValue):
         return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, program.reason)
     start = time.perf_counter()
-    consts = program.folding_program(*arrays)
+    with _progress.Progress(info.name, False).stage("fold (folding program)"):
+        consts = program.folding_program(*arrays)
     share = program.folding_program.share
     if share is not None:
         shared = share.select(consts)
@@ -132,23 +134,38 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
 
         traced_fun.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
         traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
-        residual = fold(traced_fun, avals, info.fold_options, name=info.name, retry_eager_bodies=False)
+        residual = fold(
+            traced_fun, avals, info.fold_options, name=info.name, retry_eager_bodies=False, progress=progress
+        )
         traced["jaxpr"] = residual.open_jaxpr()
         traced["nconsts"] = len(residual.consts)
         traced["stats"] = residual.stats
         return place(info, residual.consts, jax.lax.with_sharding_constraint)
 
+    progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
     try:
-        program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
+        with progress.stage("trace"):
+            program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
     except _compat.ClosedOverTracer:  # no value would help
+        progress.close()
         raise
     except Exception as e:  # the trace needed a constant's value
+        progress.close()
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
     reason = why_per_value(traced["jaxpr"], traced["traces"])
     if reason is not None:
+        progress.close()
         return PerValue(reason), None
-    consts = program.first_value(*arrays)
+    # Uniform and equal constants are kept small as they are produced (see
+    # pejit._values), unless they must keep the placement asked for.
+    keep = Compactor() if info.constant_shardings is None else None
+    try:
+        progress.expect(len(program.traced.jaxpr.eqns))
+        with progress.stage("fold"):
+            consts = program.first_value(*arrays, keep=keep, tick=progress.advance)
+    finally:
+        progress.close()
     program.residual = traced["jaxpr"]
     unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
     return shared_program(info, layout, unshared, consts)
@@ -166,6 +183,7 @@ def shared_program(info: PejitInfo, layout: Layout, program: Program, consts: li
     plan = share_constants(jaxpr, consts) if info.fold_options.literals else None
     if plan is not None:
         jaxpr, consts = plan.jaxpr, plan.select(consts)
+    consts = [to_device(c) for c in consts]  # a uniform one may be a NumPy broadcast
     if folding.share is None:
         folding.share = plan
     run = make_runner(info, layout, jaxpr, len(consts), program.out_tree)
@@ -186,10 +204,15 @@ def specialize_per_value(
     where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
     vals = ([v for _, v in const_pos], [v for _, v in const_kw])
     notes = () if reason is None else (f"each new constant value is traced and folded again: {reason}",)
-    residual = fold(
-        bind_constants(info, where, vals, in_tree, out_trees), avals, info.fold_options, name=info.name,
-        fallbacks=notes,
-    )
+    progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
+    try:
+        with progress.stage("trace and fold"):
+            residual = fold(
+                bind_constants(info, where, vals, in_tree, out_trees), avals, info.fold_options, name=info.name,
+                fallbacks=notes, progress=progress,
+            )
+    finally:
+        progress.close()
     folded = residual.consts
     consts = place(info, folded, jax.device_put)
     jaxpr, nconsts = residual.open_jaxpr(), len(folded)

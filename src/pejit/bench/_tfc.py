@@ -114,13 +114,21 @@ def pde_problem(n: int, m: int):
     return step, xi, x, L
 
 
+#: The variants of the first-result comparison (case 9), each in a fresh process.
+PDE_VARIANTS = ("pejit_call", "pejit", "tfc", "jax.jit")
+
+
 def _pde_fold(spec: dict, variant: str, step, xi, x):
-    """``variant``: ``"tfc"``, ``"pejit"`` (the TFC form) or ``"pejit_jit"`` (the call-time form)."""
+    """``variant``'s function of ``xi`` alone (specializing on its first call): ``"tfc"``, ``"pejit"``
+    (the TFC form), ``"pejit_call"`` (the call-time form, the README's first example) or ``"jax.jit"``."""
     if variant == "tfc":
         return tfc_pejit(xi, *x, constant_arg_nums=[1, 2, 3])(step)
+    if variant == "jax.jit":  # compiles everything, folds nothing
+        f = jax.jit(step)
+        return lambda xi: f(xi, *x)
     from pejit import pejit
 
-    if variant == "pejit_jit":
+    if variant == "pejit_call":
         f = pejit(step, constant_argnums=(1, 2, 3))
         xj = tuple(jnp.asarray(c) for c in x)
         out = lambda xi: f(xi, *xj)  # noqa: E731
@@ -156,7 +164,12 @@ def pde(spec: dict) -> dict:
 
 
 def pde_fold(spec: dict) -> dict:
-    """Fold time (to the first result) and peak RSS of one variant, in a fresh process."""
+    """Time to the first result (fold, compile, first call) and peak RSS of one variant, in a fresh process.
+
+    ``peak_bytes`` is the process's peak RSS (``VmHWM``: TFC's problem set-up
+    included, as ``resource.getrusage`` would report it), ``peak_increase_bytes``
+    its rise from the level before ``pejit(...)``.
+    """
     from ._worker import _reset_peak_rss, _status_bytes, _warm_runtime
 
     step, xi, x, _ = pde_problem(spec["n"], spec["m"])

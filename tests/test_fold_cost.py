@@ -1,0 +1,199 @@
+"""What folding costs beyond its arithmetic and its compiles (issue 24).
+
+Structural, never timed: calls into JAX's per-value machinery are counted
+with patches, and the count must not grow with the number of folded values;
+memory is checked by what is still referenced, not by RSS.
+"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pejit as pejit_module
+from pejit import pejit
+from pejit import _compat
+
+
+def many_constants(a, x, k):
+    """``k`` folded constants, each read by the residual (``x`` is dynamic)."""
+    return sum(jnp.sin(a + float(i)) @ x for i in range(k))
+
+
+PEJIT_SOURCE = os.path.dirname(pejit_module.__file__)
+
+
+class Counting:
+    """Counts calls to ``jax.block_until_ready`` and to ``Tracer.__getattr__``.
+
+    ``getattrs`` lists every lookup, ``ours`` those that pejit's own code
+    made (JAX's tracing probes attributes on its own, e.g. ``__jax_array__``
+    in ``jnp`` functions, as it does under ``jax.jit``).
+    """
+
+    def __init__(self, monkeypatch):
+        self.blocks = 0
+        self.getattrs: list[str] = []
+        self.ours: list[str] = []
+        block, getattr_ = jax.block_until_ready, _compat.Tracer.__getattr__
+
+        def counting_block(x):
+            self.blocks += 1
+            return block(x)
+
+        def counting_getattr(tracer, name):
+            self.getattrs.append(name)
+            if sys._getframe(1).f_code.co_filename.startswith(PEJIT_SOURCE):
+                self.ours.append(name)
+            return getattr_(tracer, name)
+
+        monkeypatch.setattr(jax, "block_until_ready", counting_block)
+        monkeypatch.setattr(_compat.Tracer, "__getattr__", counting_getattr)
+
+
+@pytest.mark.parametrize("form", ["call-time", "tfc"])
+def test_no_per_value_overhead(monkeypatch, form):
+    """Neither blocking nor tracer attribute lookups grow with the folded values.
+
+    The call-time form folds under ``jax.jit`` (a folding program), where the
+    folded values are tracers: asking one for ``block_until_ready`` goes
+    through JAX's error-message machinery (tens of milliseconds each).
+    """
+    a, x = np.eye(3, dtype=np.float32), np.ones(3, np.float32)
+    counts = {}
+    for k in (4, 24):
+        c = Counting(monkeypatch)
+        fun = lambda a, x: many_constants(a, x, k)  # noqa: E731
+        if form == "call-time":
+            out = pejit(fun, constant_argnums=0)(a, x)
+        else:
+            out = pejit(a, x, constant_arg_nums=[0])(fun)(x)
+        np.testing.assert_allclose(out, jax.jit(fun)(a, x), rtol=1e-5)
+        counts[k] = (c.blocks, c.ours)
+        assert "block_until_ready" not in c.getattrs
+        monkeypatch.undo()
+    assert counts[24] == counts[4] and counts[4][0] <= 1 and not counts[4][1], counts
+
+
+def test_specialize_again_no_per_value_overhead(monkeypatch):
+    """A second constant value runs the folding program: no per-value overhead either."""
+    f = pejit(lambda a, x: many_constants(a, x, 24), constant_argnums=0)
+    a, x = np.eye(3, dtype=np.float32), np.ones(3, np.float32)
+    f(a, x)
+    c = Counting(monkeypatch)
+    f(jnp.asarray(2 * a), x)
+    assert c.blocks <= 1 and not c.ours and "block_until_ready" not in c.getattrs
+
+
+# -- memory: the largest live set, not the sum ---------------------------------
+def probe_primitive(log: list):
+    """``x + 1`` (no lowering: always evaluated op by op) that logs, per call,
+    how many of its earlier outputs are still alive."""
+    import weakref
+
+    from jax.extend.core import Primitive
+
+    probe_p = Primitive("fold_cost_probe")
+    outputs: list = []
+
+    def impl(x):
+        log.append(sum(r() is not None for r in outputs))
+        y = jnp.asarray(x) + 1
+        outputs.append(weakref.ref(y))
+        return y
+
+    probe_p.def_impl(impl)
+    probe_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+    return probe_p
+
+
+@pytest.mark.parametrize("form", ["call-time", "tfc"])
+def test_intermediates_die_after_their_last_use(form):
+    """A chain of folded values keeps one or two alive, not the whole chain."""
+    log: list = []
+    probe_p = probe_primitive(log)
+
+    def f(a, x):
+        for _ in range(12):
+            a = probe_p.bind(a)
+        return a * x
+
+    a, x = np.zeros(1000, np.float32), np.float32(2.0)
+    if form == "call-time":
+        out = pejit(f, constant_argnums=0)(a, x)
+    else:
+        out = pejit(a, x, constant_arg_nums=[0])(f)(x)
+    np.testing.assert_allclose(out, 24.0)
+    assert len(log) == 12 and max(log) <= 2, log
+
+
+def test_kept_values_are_compact():
+    """Values kept between batches: uniform ones cost no memory, equal ones are kept once."""
+    from pejit import FoldOptions
+    from pejit._folding import Folder
+
+    a = jnp.asarray(np.arange(4096, dtype=np.float32))
+
+    def f(x):
+        zeros = [a * 0.0 for _ in range(4)]  # uniform
+        sines = [jnp.sin(a) for _ in range(4)]  # equal
+        ys = [v * x for v in zeros + sines]  # each is used outside the next batch
+        assert float(sum(z[0] for z in zeros) + sum(s[1] for s in sines)) > 0  # Python asks: a batch
+        return sum(ys)
+
+    folder = Folder(FoldOptions())
+    _compat.trace_staging(lambda x: [f(x)], [jax.core.ShapedArray((), jnp.float32)], folder)
+    kept = [v for v in folder._materialized.values() if np.size(v) == 4096]
+    uniform = [v for v in kept if isinstance(v, np.ndarray) and v.strides == (0,)]
+    others = {id(v) for v in kept if not isinstance(v, np.ndarray)}
+    assert len(uniform) >= 4 and len(others) == 1, (len(uniform), len(others))
+
+
+# -- visibility: stage timings and progress ---------------------------------------
+def test_stages_are_logged(caplog):
+    import logging
+
+    a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
+    with caplog.at_level(logging.DEBUG, logger="pejit"):
+        pejit(lambda a, x: many_constants(a, x, 3), constant_argnums=0)(a, x)
+        pejit(a, x, constant_arg_nums=[0])(lambda a, x: many_constants(a, x, 3))(x)
+    messages = [r.getMessage() for r in caplog.records if r.name == "pejit"]
+    for stage in ("trace ", "fold ", "trace and fold ", "batch of "):
+        assert any(stage in m for m in messages), (stage, messages)
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_progress_without_tqdm_prints_lines(monkeypatch, capsys, how):
+    import sys
+
+    from pejit import FoldOptions, _progress
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    options = FoldOptions(progress=True) if how == "option" else FoldOptions()
+    if how == "environment":
+        monkeypatch.setenv(_progress.ENV, "1")
+    a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
+    pejit(a, x, constant_arg_nums=[0], fold_options=options)(lambda a, x: many_constants(a, x, 3))(x)
+    err = capsys.readouterr().err
+    assert "trace and fold" in err and "batch of" in err
+
+
+def test_progress_bar(monkeypatch):
+    tqdm = pytest.importorskip("tqdm.auto")
+    from pejit import FoldOptions
+
+    bars = []
+    real = tqdm.tqdm
+
+    def recording(*args, **kwargs):
+        bars.append(real(*args, **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(tqdm, "tqdm", recording)
+    a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
+    pejit(lambda a, x: many_constants(a, x, 3), constant_argnums=0, fold_options=FoldOptions(progress=True))(a, x)
+    assert len(bars) == 1 and bars[0].n == bars[0].total > 0
