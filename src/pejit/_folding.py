@@ -182,6 +182,11 @@ class FoldOptions:
       backend: how batches of known work are evaluated: ``"auto"`` (a cost
         model picks per batch, see `pejit._batch`), ``"eager"`` (op by
         op) or ``"compiled"`` (one ``jax.jit`` program per batch).
+      affine: regions of the residual program that are affine in the
+        dynamic inputs are replaced by one matrix and one offset per output
+        where that is cheaper per call (see `pejit._affine`).
+      affine_max_bytes: the most bytes of matrices and offsets one such
+        region may store.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -203,6 +208,8 @@ class FoldOptions:
     expansion_min_bytes: int = 1024
     loop_residual_bytes: int = 64 * 2**20
     backend: str = "auto"
+    affine: bool = True
+    affine_max_bytes: int = 16 * 2**20
 
     def __post_init__(self):
         if self.backend not in _batch.BACKENDS:
@@ -226,6 +233,7 @@ class FoldStats:
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._flops)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+    collapsed: list = dataclasses.field(default_factory=list)  # of _affine.Collapse
 
 
 def label(prim, params: dict) -> str:
