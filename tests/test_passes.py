@@ -358,11 +358,13 @@ def test_scalars_become_literals_and_arrays_arguments():
 
 _SWITCHED = {
     "branches": (lambda p, x: lax.cond(p, jnp.sin, jnp.cos, x), (True, X)),
-    "calls": (lambda A, x: jax.jit(lambda a, y: jnp.linalg.inv(a) @ y)(A, x), (A, X)),
+    # (tanh: an affine call would be collapsed whole, see "affine")
+    "calls": (lambda A, x: jax.jit(lambda a, y: jnp.tanh(jnp.linalg.inv(a) @ y))(A, x), (A, X)),
     "loops": (_scan_inv, (A, X)),
     # (not uniform: a uniform constant becomes a broadcast of a literal anyway)
     "rematerialize": (lambda c, x: jnp.broadcast_to(jnp.arange(64.0), (64, 64)) * c + x, (2.0, jnp.ones((64, 64)))),
     "literals": (lambda c, x: x * c, (2.0, X)),
+    "affine": (lambda A, x: A @ (A.T @ x), (A, X)),
 }
 
 

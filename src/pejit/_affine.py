@@ -46,7 +46,7 @@ from jax import lax
 from . import _compat
 from ._batch import nbytes
 from ._flops import eqn_flops
-from .rules.affine import affine_rules
+from .rules.affine import ADDITIVE, affine_rules
 
 #: Kinds of residual values: computed from folded constants alone, affine in
 #: the dynamic inputs (the inputs themselves included), anything else.
@@ -127,6 +127,38 @@ def classify(jaxpr, known: Sequence[bool]) -> dict[Any, str]:
     return kinds
 
 
+def offsets(jaxpr, kinds: dict[Any, str]) -> set[Any]:
+    """The affine values of ``jaxpr`` that may have an offset (a map with none is linear).
+
+    Known from the structure, not from values, so that a folding program
+    (abstract constants) decides as a concrete fold does: an offset enters
+    where a known operand is added in (see ``ADDITIVE``; a literal zero
+    adds nothing), or from a call whose body has one.
+    """
+    out: set[Any] = set()
+    for eqn in jaxpr.eqns:
+        if not any(kinds.get(v) == AFFINE for v in eqn.outvars):
+            continue
+        known = [isinstance(a, _compat.Literal) or kinds[a] == CONST for a in eqn.invars]
+        body = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+        if body is not None:
+            inner = getattr(body, "jaxpr", body)
+            has = any(isinstance(v, _compat.Literal) or v in offsets(inner, classify(inner, known))
+                      for v in inner.outvars)
+        else:
+            additive = ADDITIVE.get(eqn.primitive, lambda n: ())(len(eqn.invars))
+            has = any(isinstance(a, _compat.Var) and a in out for a in eqn.invars) or any(
+                known[i] and not _zero(eqn.invars[i]) for i in additive
+            )
+        if has:
+            out.update(eqn.outvars)
+    return out
+
+
+def _zero(a) -> bool:
+    return isinstance(a, _compat.Literal) and not np.any(a.val)
+
+
 def is_affine(closed, known: Sequence[bool]) -> bool:
     """Whether every output of ``closed`` (a jaxpr) is affine in its inputs that are not ``known``."""
     jaxpr = getattr(closed, "jaxpr", closed)
@@ -191,7 +223,7 @@ def _size(v) -> int:
     return math.prod(v.aval.shape)
 
 
-def _costs(jaxpr, region: _Region, kinds) -> tuple[float, float, float, int]:
+def _costs(jaxpr, region: _Region, kinds, shifted: set[Any]) -> tuple[float, float, float, int]:
     """``(cost before, FLOPs before, FLOPs after, bytes stored)`` of collapsing ``region``.
 
     Cost per call is FLOPs plus bytes of known operands read (a matrix-vector
@@ -204,8 +236,9 @@ def _costs(jaxpr, region: _Region, kinds) -> tuple[float, float, float, int]:
     after_flops, stored = 0.0, 0
     for r, srcs in region.root_sources.items():
         n_in, n_out = sum(map(_size, srcs)), _size(r)
-        after_flops += 2 * n_out * n_in + n_out
-        stored += (n_out * n_in + n_out) * np.dtype(r.aval.dtype).itemsize
+        offset = n_out if r in shifted else 0
+        after_flops += 2 * n_out * n_in + offset
+        stored += (n_out * n_in + offset) * np.dtype(r.aval.dtype).itemsize
     return before, flops, after_flops, stored
 
 
@@ -297,9 +330,6 @@ def _apply(shape, m, c, *xs):
     return y if c is None else lax.add(y, c)
 
 
-def _is_zero(c) -> bool:
-    """Whether ``c`` is known to be zero (an abstract offset never is)."""
-    return not isinstance(c, _compat.Tracer) and not np.any(np.asarray(c))
 
 
 def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[Any], list[Collapse]]:
@@ -314,9 +344,10 @@ def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[An
     """
     n = len(consts)
     kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
+    shifted = offsets(jaxpr, kinds)
     chosen = []
     for region in _regions(jaxpr, kinds):
-        before, flops, after_flops, stored = _costs(jaxpr, region, kinds)
+        before, flops, after_flops, stored = _costs(jaxpr, region, kinds, shifted)
         if stored <= max_bytes and after_flops + stored <= PAYS * before:
             chosen.append((region, Collapse(
                 len(region.eqns), sum(map(_size, region.sources)), sum(map(_size, region.roots)),
@@ -337,7 +368,7 @@ def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[An
     for (region, _), pairs in zip(chosen, built):
         for r, (m, c) in zip(region.roots, pairs):
             srcs = region.root_sources[r]
-            c = None if _is_zero(c) else c
+            c = c if r in shifted else None
             avals = [jax.ShapeDtypeStruct(s.aval.shape, s.aval.dtype) for s in srcs]
             mini = jax.make_jaxpr(functools.partial(_apply, r.aval.shape))(m, c, *avals)
             mvar, *xvars = mini.jaxpr.invars

@@ -36,6 +36,16 @@ def register_affine_rule(*prims: Any) -> Callable[[AffineRule], AffineRule]:
     return register
 
 
+#: Per primitive, the operands that add into its output (the others scale
+#: it, index it or pick from it): a known one there gives an affine map an
+#: offset. Call primitives are looked into instead.
+ADDITIVE: dict[Any, Callable[[int], range]] = {
+    P.add_p: range, P.sub_p: range, P.add_jaxvals_p: range, P.concatenate_p: range, P.pad_p: range,
+    P.select_n_p: lambda n: range(1, n), P.dynamic_update_slice_p: lambda n: range(2),
+    P.scatter_add_p: lambda n: (0, 2),
+}
+
+
 @register_affine_rule(
     P.add_p, P.sub_p, P.neg_p, P.add_jaxvals_p, P.broadcast_in_dim_p, P.reshape_p, P.squeeze_p,
     P.transpose_p, P.slice_p, P.rev_p, P.concatenate_p, P.pad_p, P.reduce_sum_p, P.copy_p,
