@@ -180,3 +180,45 @@ def test_scan_bodies_are_not_entered():
     for residual, got in both_forms(f, (C1,), X):
         assert "scan" in prims(residual.jaxpr)
         np.testing.assert_allclose(got, np.linalg.matrix_power(np.float64(C1), 3) @ X, rtol=1e-5, atol=1e-6)
+
+
+# -- a contraction against a broadcast contracts against its source ------------
+
+A3 = (2 * np.eye(3) + rng.standard_normal((3, 3)) / 4).astype(np.float32)
+
+
+def expanded_product(a, x):
+    return jnp.broadcast_to(jnp.linalg.inv(a), (64, 3, 3)) @ x
+
+
+@pytest.mark.parametrize("shape", [(3,), (64, 3, 1), (64, 3, 5)])
+def test_no_dot_general_against_an_expansion(shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    for residual, got in both_forms(expanded_product, (A3,), x):
+        assert [c.shape for c in residual.consts] == [(3, 3)]  # 36 bytes, not 64 x 36
+        dots = [e for e in residual.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+        assert len(dots) == 1 and all(v.aval.shape != (64, 3, 3) for v in dots[0].invars)
+        want = np.broadcast_to(np.linalg.inv(np.float64(A3)), (64, 3, 3)) @ np.float64(x)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_expansion_along_batch_and_contracting_dimensions():
+    def f(c, x, y):
+        b = jnp.broadcast_to(c[:, None, :], (3, 64, 3))  # a new middle dimension
+        return jnp.einsum("ibj,bj->i", b, x), jnp.einsum("ibj,bj->bi", b, y)
+
+    x, y = rng.standard_normal((2, 64, 3)).astype(np.float32)
+    g = pejit(f, constant_argnums=0)
+    assert [c.shape for c in g.specialize(A3, x, y).residual.consts] == [(3, 3)]
+    got = g(A3, x, y)
+    a = np.float64(A3)
+    np.testing.assert_allclose(got[0], a @ np.float64(x).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], np.float64(y) @ a.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_expansion_is_not_stored():
+    a = (np.eye(256) + rng.standard_normal((256, 256)) / 64).astype(np.float32)
+    f = pejit(lambda a, x: jnp.broadcast_to(jnp.linalg.inv(a), (64, 256, 256)) @ x, constant_argnums=0)
+    x = np.ones(256, np.float32)
+    assert f.specialize(a, x).residual.report.folded_bytes == 256 * 256 * 4  # 256 KiB, not 16 MiB
+    np.testing.assert_allclose(f(a, x)[17], np.linalg.inv(np.float64(a)) @ x, rtol=1e-4, atol=1e-5)
