@@ -47,7 +47,7 @@ from jax.extend.core import primitives as P
 from . import _compat
 from ._batch import nbytes
 from ._flops import eqn_flops
-from .rules.affine import ADDITIVE, affine_rules
+from .rules.affine import ADDITIVE, affine_rules, register_affine_rule
 
 #: Kinds of residual values: computed from folded constants alone, affine in
 #: the dynamic inputs (the inputs themselves included), anything else.
@@ -126,6 +126,12 @@ def classify(jaxpr, known: Sequence[bool]) -> dict[Any, str]:
             out = OTHER
         kinds.update((v, out) for v in eqn.outvars)
     return kinds
+
+
+@register_affine_rule(_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p)
+def _call(eqn, known: Sequence[bool]) -> bool:
+    """A call is affine when its body is (for ``custom_jvp``: the primal computation)."""
+    return is_affine(eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr"), known)
 
 
 def offsets(jaxpr, kinds: dict[Any, str], zero_inputs: Sequence[bool] = ()) -> set[Any]:
@@ -273,10 +279,7 @@ def _sub_jaxpr(jaxpr, n_consts: int, region: _Region, kinds):
     eqns = [jaxpr.eqns[i] for i in sorted(keep)]
     read = {a for e in eqns for a in e.invars if isinstance(a, _compat.Var)}
     constvars = [v for v in jaxpr.invars[:n_consts] if v in read]
-    dbg = jaxpr.debug_info
-    if dbg is not None:
-        dbg = dbg._replace(result_paths=("",) * len(region.roots))
-    sub = jaxpr.replace(eqns=eqns, outvars=list(region.roots), debug_info=dbg)
+    sub = _compat.with_outvars(jaxpr.replace(eqns=eqns), region.roots)
     return _compat.with_invars(sub, [*constvars, *region.sources]), constvars
 
 

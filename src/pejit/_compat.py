@@ -272,6 +272,14 @@ def with_invars(jaxpr: Jaxpr, invars: Sequence[Any]) -> Jaxpr:
     return jaxpr.replace(invars=list(invars), debug_info=dbg)
 
 
+def with_outvars(jaxpr: Jaxpr, outvars: Sequence[Any]) -> Jaxpr:
+    """``jaxpr`` with new outputs, unnamed (JAX 0.7 needs a tuple of result paths)."""
+    dbg = jaxpr.debug_info
+    if dbg is not None:
+        dbg = dbg._replace(result_paths=("",) * len(outvars))
+    return jaxpr.replace(outvars=list(outvars), debug_info=dbg)
+
+
 def is_drop_var(v: Any) -> bool:
     """Whether ``v`` is an output binder nobody reads (``_`` in printed jaxprs)."""
     return isinstance(v, core.DropVar)

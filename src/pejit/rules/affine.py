@@ -7,7 +7,9 @@ jointly: ``add(x, y)`` is, ``mul(x, y)`` only when one side is known,
 ``gather`` only with known indices. :mod:`pejit._affine` runs them in one
 loop over the residual program to find the regions it may collapse into one
 matrix; a primitive without a rule is never part of a region. Dtypes are
-checked by that loop (real floating point only), not by the rules.
+checked by that loop (real floating point only), not by the rules. Calls
+(``jit``, ``custom_jvp``) are affine when their bodies are, which that
+loop decides (``pejit._affine.is_affine``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 
 from jax.extend.core import primitives as P
 
-from .. import _compat
 
 #: ``rule(eqn, known) -> bool``: whether ``eqn``'s outputs are affine in its
 #: inputs that are not ``known``.
@@ -88,12 +89,3 @@ def _update_slice(eqn, known: Sequence[bool]) -> bool:
 def _scatter_add(eqn, known: Sequence[bool]) -> bool:
     operand, indices, updates = known
     return indices
-
-
-@register_affine_rule(_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p)
-def _call(eqn, known: Sequence[bool]) -> bool:
-    """A call is affine when its body is (for ``custom_jvp``: the primal computation)."""
-    from .._affine import is_affine  # the body is read by the same loop
-
-    closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
-    return is_affine(closed, known)
