@@ -109,6 +109,11 @@ try:
 except ImportError as e:  # pragma: no cover - only on an unsupported JAX
     raise _missing(f"module {e.name}", "import failed") from e
 
+try:  # lax.split's primitive (not in jax.extend; JAX >= 0.4.36)
+    from jax._src.lax.lax import split_p
+except ImportError:  # pragma: no cover
+    split_p = None
+
 try:  # JAX >= 0.11: scan's parameters are flat trees
     from jax._src import flattree as _ft
 except ImportError:

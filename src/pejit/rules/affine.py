@@ -19,6 +19,8 @@ from typing import Any
 
 from jax.extend.core import primitives as P
 
+from .. import _compat
+
 
 #: ``rule(eqn, known) -> bool``: whether ``eqn``'s outputs are affine in its
 #: inputs that are not ``known``.
@@ -50,7 +52,7 @@ ADDITIVE: dict[Any, Callable[[int], range]] = {
 @register_affine_rule(
     P.add_p, P.sub_p, P.neg_p, P.add_jaxvals_p, P.broadcast_in_dim_p, P.reshape_p, P.squeeze_p,
     P.transpose_p, P.slice_p, P.rev_p, P.concatenate_p, P.pad_p, P.reduce_sum_p, P.copy_p,
-    P.convert_element_type_p, P.cumsum_p,
+    P.convert_element_type_p, P.cumsum_p, *([_compat.split_p] if _compat.split_p is not None else []),
 )
 def _linear(eqn, known: Sequence[bool]) -> bool:
     """Sums and data movement: affine in all inputs at once (``pad``'s padding value included)."""
