@@ -154,6 +154,19 @@ def test_calls_and_custom_jvp_are_looked_into():
     )
 
 
+def test_a_call_affine_only_after_nonlinear_work_is_not_affine():
+    # the body's output is affine in sin(v), not in v
+    def f(a, b, x):
+        return a @ jax.jit(lambda v: 2.0 * jnp.sin(v))(b @ x)
+
+    for residual, got in both_forms(f, (C1, C2), X):
+        assert "sin" in prims(residual.jaxpr) or any(
+            "sin" in str(e.params.get("jaxpr", "")) for e in residual.jaxpr.jaxpr.eqns
+        )
+        want = np.float64(C1) @ (2 * np.sin(np.float64(C2) @ X))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_effects_stay():
     def f(a, b, x):
         y = b @ x

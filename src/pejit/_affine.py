@@ -181,10 +181,21 @@ _KEEPS_ZERO = frozenset([P.convert_element_type_p, P.broadcast_in_dim_p, P.resha
 
 
 def is_affine(closed, known: Sequence[bool]) -> bool:
-    """Whether every output of ``closed`` (a jaxpr) is affine in its inputs that are not ``known``."""
+    """Whether every output of ``closed`` (a jaxpr) is affine in its inputs that are not ``known``.
+
+    ``AFFINE`` values are affine in whatever varying values they read, some
+    perhaps computed nonlinearly inside (``2 * sin(v)``); an output counts
+    only if everything varying it reads goes back to the inputs through
+    affine equations.
+    """
     jaxpr = getattr(closed, "jaxpr", closed)
     kinds = classify(jaxpr, known)
-    return all(isinstance(v, _compat.Literal) or kinds[v] != OTHER for v in jaxpr.outvars)
+    pure = {v for v, k in zip(jaxpr.invars, known) if not k}
+    for eqn in jaxpr.eqns:
+        varying = [a for a in eqn.invars if isinstance(a, _compat.Var) and kinds[a] != CONST]
+        if kinds.get(eqn.outvars[0]) == AFFINE and all(a in pure for a in varying):
+            pure.update(eqn.outvars)
+    return all(isinstance(v, _compat.Literal) or kinds[v] == CONST or v in pure for v in jaxpr.outvars)
 
 
 @dataclasses.dataclass
