@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import jax.experimental
 import pytest
 from jax import lax
 
@@ -179,7 +180,8 @@ def test_effects_stay():
 
 
 def test_float64_chain_matches_numpy_closely():
-    with jax.enable_x64(True):
+    enable_x64 = getattr(jax, "enable_x64", None) or jax.experimental.enable_x64  # public since JAX 0.8
+    with enable_x64(True):
         a, b, c, x = (np.float64(v) for v in (C1, C2, C3, X))
         for residual, got in both_forms(chain, (a, b, c), x):
             assert residual.report.collapsed

@@ -58,6 +58,11 @@ CONST, AFFINE, OTHER = "const", "affine", "other"
 #: fold-time work of building the matrix must be worth it.
 PAYS = 0.75
 
+#: The most FLOPs building one region's matrix may take (its inputs times
+#: the region's FLOPs per call): about a second here, the order of folding
+#: the ``inv`` and ``cholesky`` of a 1000x1000 matrix.
+BUILD_FLOPS = 8e9
+
 #: Memory the fold-time Jacobian may use at once (the region is evaluated
 #: on this many basis vectors together).
 BUILD_BYTES = 256 * 2**20
@@ -365,9 +370,9 @@ def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[An
     """Collapse the affine regions of ``jaxpr`` (open: its leading inputs are ``consts``) where it pays.
 
     A region is collapsed when its matrices and offsets take at most
-    ``max_bytes`` and applying them costs at most `PAYS` of the region
-    per call (so never when its dynamic inputs are large: the matrix grows
-    with them). Returns the new jaxpr (open, with its constants) and what
+    ``max_bytes``, applying them costs at most `PAYS` of the region per
+    call (so never when its dynamic inputs are large: the matrix grows with
+    them), and building them at most `BUILD_FLOPS`. Returns the new jaxpr (open, with its constants) and what
     was collapsed; dead equations and constants are left for
     ``_compat.prune``.
     """
@@ -377,9 +382,10 @@ def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[An
     chosen = []
     for region in _regions(jaxpr, kinds):
         before, flops, after_flops, stored = _costs(jaxpr, region, kinds, shifted)
-        if stored <= max_bytes and after_flops + stored <= PAYS * before:
+        inputs = sum(map(_size, region.sources))
+        if stored <= max_bytes and after_flops + stored <= PAYS * before and inputs * flops <= BUILD_FLOPS:
             chosen.append((region, Collapse(
-                len(region.eqns), sum(map(_size, region.sources)), sum(map(_size, region.roots)),
+                len(region.eqns), inputs, sum(map(_size, region.roots)),
                 flops, after_flops, stored,
             )))
     if not chosen:
