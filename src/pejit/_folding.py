@@ -377,17 +377,17 @@ class Folder:
         var = self._var(x)
         return var is not None and self._recipes[var].lazy
 
-    def expansion(self, x) -> tuple[Primitive, list[Any], dict] | None:
-        """``(prim, inputs, params)`` of the lazy expansion ``x``, its inputs materialized; else None.
+    def expansion(self, x, prim: Primitive) -> tuple[list[Any], dict] | None:
+        """``(inputs, params)`` of ``x`` if it is a lazy expansion by ``prim``, its inputs materialized; else None.
 
         For rules that use an expansion's source instead of the expansion
         (a contraction against ``broadcast(C)`` contracts against ``C``).
         """
-        if not self.is_lazy(x):
+        if not self.is_lazy(x) or self._recipes[self._var(x)].prim is not prim:
             return None
         recipe = self._recipes[self._var(x)]
         inputs = [self._materialize([a])[0] if isinstance(a, _compat.Var) else a for a in recipe.args]
-        return recipe.prim, inputs, recipe.params
+        return inputs, recipe.params
 
     def materialize(self, x):
         """The concrete value of a known ``x``."""

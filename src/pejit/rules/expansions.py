@@ -25,10 +25,12 @@ def fold_dot_general(folder: Folder, trace, prim, args, params):
     if not folder.options.affine or all(map(folder.is_known, args)):
         return NotImplemented
     for side in (0, 1):
-        source = folder.expansion(args[side])
-        if source is not None and source[0] is P.broadcast_in_dim_p and not folder.is_known(args[1 - side]):
+        if folder.is_known(args[1 - side]):
+            continue
+        source = folder.expansion(args[side], P.broadcast_in_dim_p)
+        if source is not None:
             with trace.as_current():
-                return _contract_source(side, source[1][0], source[2], args, params)
+                return _contract_source(side, source[0][0], source[1], args, params)
     return NotImplemented
 
 
