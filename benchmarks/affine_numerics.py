@@ -48,7 +48,7 @@ def pde_case() -> dict[str, float]:
     step, xi, xs, L = pde_problem(6, 100)
     xs = tuple(jnp.asarray(c, DTYPE) for c in xs)
     xi = jnp.asarray(np.random.default_rng(9).standard_normal(xi.shape) / 10, DTYPE)
-    with jax.experimental.enable_x64(True) if not hasattr(jax, "enable_x64") else jax.enable_x64(True):
+    with (jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64)(True):
         x64 = tuple(jnp.asarray(np.asarray(c), jnp.float64) for c in xs)
         xi64 = jnp.asarray(np.asarray(xi), jnp.float64)
         A = np.asarray(jax.jacfwd(L, 0)(xi64, *x64))

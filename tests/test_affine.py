@@ -180,7 +180,7 @@ def test_effects_stay():
 
 
 def test_float64_chain_matches_numpy_closely():
-    enable_x64 = getattr(jax, "enable_x64", None) or jax.experimental.enable_x64  # public since JAX 0.8
+    enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64  # public since 0.8
     with enable_x64(True):
         a, b, c, x = (np.float64(v) for v in (C1, C2, C3, X))
         for residual, got in both_forms(chain, (a, b, c), x):
