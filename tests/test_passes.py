@@ -321,10 +321,14 @@ def test_expansion_feeding_a_matrix_product_is_stored():
     # XLA fuses an expansion into an elementwise consumer, not into a
     # dot_general: recomputing it there would cost memory traffic every call.
     f = lambda A, x: jnp.broadcast_to(jnp.linalg.inv(A), (64, 3, 3)) @ x  # noqa: E731
-    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)), affine=False)
     assert prims(jaxpr) == ["dot_general"]
     assert report.folded_bytes == 64 * A.nbytes
     assert not report.rematerialized and report.folded["broadcast_in_dim"] == 1
+    # By default the product contracts against inv(A) itself (issue 25):
+    # neither stored nor recomputed.
+    jaxpr, report = assert_matches_jit(f, A, jnp.ones((64, 3, 1)))
+    assert prims(jaxpr) == ["dot_general", "transpose"] and report.folded_bytes == A.nbytes
 
 
 def test_expansion_feeding_both_kinds_of_consumer_is_stored_once():
@@ -358,11 +362,13 @@ def test_scalars_become_literals_and_arrays_arguments():
 
 _SWITCHED = {
     "branches": (lambda p, x: lax.cond(p, jnp.sin, jnp.cos, x), (True, X)),
-    "calls": (lambda A, x: jax.jit(lambda a, y: jnp.linalg.inv(a) @ y)(A, x), (A, X)),
+    # (tanh: an affine call would be collapsed whole, see "affine")
+    "calls": (lambda A, x: jax.jit(lambda a, y: jnp.tanh(jnp.linalg.inv(a) @ y))(A, x), (A, X)),
     "loops": (_scan_inv, (A, X)),
     # (not uniform: a uniform constant becomes a broadcast of a literal anyway)
     "rematerialize": (lambda c, x: jnp.broadcast_to(jnp.arange(64.0), (64, 64)) * c + x, (2.0, jnp.ones((64, 64)))),
     "literals": (lambda c, x: x * c, (2.0, X)),
+    "affine": (lambda A, x: A @ (A.T @ x), (A, X)),
 }
 
 

@@ -124,6 +124,11 @@ try:
 except ImportError as e:  # pragma: no cover - only on an unsupported JAX
     raise _missing(f"module {e.name}", "import failed") from e
 
+try:  # lax.split's primitive (not in jax.extend; JAX >= 0.4.36)
+    from jax._src.lax.lax import split_p
+except ImportError:  # pragma: no cover
+    split_p = None
+
 try:  # JAX >= 0.11: scan's parameters are flat trees
     from jax._src import flattree as _ft
 except ImportError:
@@ -331,6 +336,14 @@ def with_invars(jaxpr: Jaxpr, invars: Sequence[Any]) -> Jaxpr:
     if dbg is not None:
         dbg = dbg._replace(arg_names=("",) * len(invars))
     return jaxpr.replace(invars=list(invars), debug_info=dbg)
+
+
+def with_outvars(jaxpr: Jaxpr, outvars: Sequence[Any]) -> Jaxpr:
+    """``jaxpr`` with new outputs, unnamed (JAX 0.7 needs a tuple of result paths)."""
+    dbg = jaxpr.debug_info
+    if dbg is not None:
+        dbg = dbg._replace(result_paths=("",) * len(outvars))
+    return jaxpr.replace(outvars=list(outvars), debug_info=dbg)
 
 
 def is_drop_var(v: Any) -> bool:

@@ -195,6 +195,11 @@ class FoldOptions:
         extra; without it, log lines); ``None`` reads the environment
         variable ``PEJIT_PROGRESS``. Stage timings go to the ``pejit``
         logger either way (see `pejit._progress`).
+      affine: regions of the residual program that are affine in the
+        dynamic inputs are replaced by one matrix and one offset per output
+        where that is cheaper per call (see `pejit._affine`).
+      affine_max_bytes: the most bytes of matrices and offsets one such
+        region may store.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -218,6 +223,8 @@ class FoldOptions:
     backend: str = "auto"
     cache_dir: str | os.PathLike | bool | None = None
     progress: bool | None = None
+    affine: bool = True
+    affine_max_bytes: int = 16 * 2**20
 
     def __post_init__(self):
         if self.backend not in _batch.BACKENDS:
@@ -241,6 +248,7 @@ class FoldStats:
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._flops)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+    collapsed: list = dataclasses.field(default_factory=list)  # of _affine.Collapse
 
 
 def label(prim, params: dict) -> str:
@@ -387,6 +395,18 @@ class Folder:
         """Whether ``x`` is a cheap expansion that stays in the residual program."""
         var = self._var(x)
         return var is not None and self._recipes[var].lazy
+
+    def expansion(self, x, prim: Primitive) -> tuple[list[Any], dict] | None:
+        """``(inputs, params)`` of ``x`` if it is a lazy expansion by ``prim``, its inputs materialized; else None.
+
+        For rules that use an expansion's source instead of the expansion
+        (a contraction against ``broadcast(C)`` contracts against ``C``).
+        """
+        if not self.is_lazy(x) or self._recipes[self._var(x)].prim is not prim:
+            return None
+        recipe = self._recipes[self._var(x)]
+        inputs = [self._materialize([a])[0] if isinstance(a, _compat.Var) else a for a in recipe.args]
+        return inputs, recipe.params
 
     def materialize(self, x):
         """The concrete value of a known ``x``."""

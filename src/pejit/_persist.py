@@ -285,7 +285,7 @@ def key(options: FoldOptions, where, closed: ClosedJaxpr, trees, arrays: Sequenc
     """
     h = hashlib.sha256()
     devices = sorted({d.device_kind for d in jax.devices()})
-    options = dataclasses.replace(options, cache_dir=None)
+    options = dataclasses.replace(options, cache_dir=None, progress=None)  # neither changes a value
     h.update(repr((
         FORMAT, jax.__version__, jaxlib.__version__, jax.default_backend(), devices,
         bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),

@@ -69,6 +69,10 @@ class FoldReport:
         gave the output types), by primitive; also counted in ``folded``.
       flops_folded: estimated FLOPs of the folded equations (`pejit._flops`),
         counted as they were folded.
+      collapsed: regions of the residual program affine in the dynamic
+        inputs that were replaced by one matrix and one offset per output
+        (`pejit._affine.Collapse`: equations, FLOPs per call before and
+        after, bytes stored).
 
     Equations are counted by primitive, nested `jax.jit` calls by function
     (`jit(cholesky)`).
@@ -104,6 +108,7 @@ class FoldReport:
     fallbacks: tuple[str, ...] = ()
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops_folded: float = 0.0
+    collapsed: tuple = ()
 
     @classmethod
     def build(
@@ -130,6 +135,7 @@ class FoldReport:
             hoisted=stats.hoisted,
             eager_evaluations=stats.eager_evaluations,
             flops_folded=stats.flops,
+            collapsed=tuple(stats.collapsed),
             known_invars=known_invars,
             batches=tuple(stats.batches),
             fallbacks=fallbacks,
@@ -213,6 +219,7 @@ class FoldReport:
             lines.append(f"hoisted out of loops and branches: {_fmt(self.hoisted)}")
         if self.eager_evaluations:
             lines.append(f"evaluated without abstract evaluation: {_fmt(self.eager_evaluations)}")
+        lines.extend(f"affine region collapsed: {c}" for c in self.collapsed)
         lines.extend(f"note: {w}" for w in self.warnings)
         return "\n".join(lines)
 

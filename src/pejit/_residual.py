@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from . import _compat, rules  # noqa: F401  (registers the built-in fold rules)
+from . import _affine, _compat, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._primitives import FUSES_OPERANDS
@@ -100,6 +100,11 @@ def fold(
         folder = Folder(options, progress)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
+    if options.affine:
+        jaxpr, consts, collapsed = _affine.collapse(jaxpr, consts, options.affine_max_bytes)
+        if collapsed:
+            folder.stats.collapsed.extend(collapsed)
+            jaxpr, consts = _compat.prune(jaxpr, consts)
     if options.literals:
         jaxpr, consts = _inline_scalars(jaxpr, consts)
         plan = share_constants(jaxpr, consts)

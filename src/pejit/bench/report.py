@@ -226,8 +226,32 @@ def _case10(r):
     return lines
 
 
+def _case11(r):
+    return [f"## Case 11: a chain of three constant {r['n']}x{r['n']} matrices on a dynamic vector", "",
+            "`C1 @ (C2 @ (C3 @ x))`, float32; hand-folded: `(C1 @ C2 @ C3) @ x` with the product made",
+            f"by hand. pejit's residual: {r['residual']}.", "", *_times_table(r["times"], "hand"), "",
+            f"Paired ratios to hand-folded: {', '.join(f'{k} {v:.3f}' for k, v in r['ratios'].items())}; "
+            f"max relative difference from float64 NumPy: {r['max_rel_error_vs_float64']}"]
+
+
+def _case12(r):
+    lines = [f"## Case 12: TFC's nonlinear ODE ({r['points']} points, {r['m']} Chebyshev functions)", "",
+             "`y'' + y y' = f` on [0, pi] through `utfc` and `egrad`, one `lstsq(jacfwd(L), L)` step per",
+             "call, the points constant; all variants in the TFC process (64-bit)."]
+    steady = r.get("steady") or {}
+    if "times" in steady:
+        lines += ["", *_times_table(steady["times"], "tfc"), "",
+                  f"Paired ratios: {', '.join(f'{k} {v:.3f}' for k, v in steady['ratios'].items())}; "
+                  f"max relative difference from TFC: {steady['max_rel_error_vs_tfc']}; after 8 steps, "
+                  f"max error vs the exact solution: {steady['max_error_vs_exact_solution']}; "
+                  f"collapsed: {steady['collapsed']}"]
+    else:
+        lines += ["", f"Per call: n/a {steady.get('error', r.get('error', ''))[:300]}"]
+    return lines
+
+
 SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8, 9: _case9,
-            10: _case10}
+            10: _case10, 11: _case11, 12: _case12}
 
 
 def _plots(out: Path, stem: str, results: dict) -> None:

@@ -51,6 +51,15 @@ The passes, in one place:
   uniform ones that only fusing equations read become broadcasts of a
   literal (:class:`~pejit._residual.SharePlan`).
 
+``affine`` (:mod:`pejit._affine`, :mod:`.expansions`)
+  Residual algebra. After folding, each connected region of the residual
+  program that is affine in the dynamic inputs (by the rules of
+  :mod:`.affine`, one per primitive) is replaced by one matrix and one
+  offset per output, where that is cheaper per call and the matrix fits
+  ``FoldOptions.affine_max_bytes``: chains of constant products become one
+  product. While folding, a ``dot_general`` against a broadcast of a known
+  value contracts against that value, so the expansion is never stored.
+
 Dead-code elimination of the residual jaxpr always runs.
 """
 
@@ -62,6 +71,7 @@ from .. import _compat
 from .._folding import register_fold_rule
 from .branches import fold_cond
 from .calls import fold_checkpoint, fold_jit
+from .expansions import fold_dot_general
 from .loops import fold_scan, fold_while
 
 # The built-in fold rules, in one place. A rule of your own registers the
@@ -71,3 +81,4 @@ register_fold_rule(_compat.jit_p, deferred=True)(fold_jit)
 register_fold_rule(_compat.remat_p)(fold_checkpoint)
 register_fold_rule(P.scan_p)(fold_scan)
 register_fold_rule(P.while_p)(fold_while)
+register_fold_rule(P.dot_general_p, deferred=True)(fold_dot_general)

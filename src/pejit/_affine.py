@@ -1,0 +1,434 @@
+"""Residual algebra: collapse regions affine in the dynamic inputs into one matrix.
+
+After folding, a residual equation whose inputs include a dynamic value stays,
+even when everything it does with that value is linear: TFC's PDE step
+``xi - lstsq(J, L(xi))`` leaves 1440 such equations (9.65e6 FLOPs per call)
+where one 101x101 matrix-vector product would do. This pass finds the
+*affine regions* of the residual program (equations that the rules in
+:mod:`pejit.rules.affine` say are affine in their varying inputs, given which
+inputs are known), groups them into connected components, and replaces a
+component by ``M @ concat(sources) + c`` per output where a cost model says
+that pays. ``M`` is the region's Jacobian, built at fold time by ``jax.jvp``
+of the region over the unit basis of its inputs, and ``c`` the region at
+zero; both are ordinary JAX computations on the folded constants, so they
+fold concretely (the TFC form, ``specialize_jaxpr``) or are staged into a
+folding program when the constants are abstract (the call-time form).
+
+Collapsing covers reassociation too: ``C1 @ (C2 @ x)`` becomes ``(C1 @ C2)
+@ x`` when the product is smaller to apply than the chain, and a sub-region
+collapses on its own: in ``tanh(A @ (B @ x) + C @ x)`` the argument of
+``tanh`` does.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from pejit import specialize_jaxpr
+  >>> A, B = jnp.ones((8, 64)), jnp.ones((64, 8))
+  >>> cj = jax.make_jaxpr(lambda A, B, x: jnp.tanh(A @ (B @ x) + 2 * x))(A, B, jnp.ones(8))
+  >>> spec = specialize_jaxpr(cj, known={0: A, 1: B})
+  >>> [e.primitive.name for e in spec.jaxpr.eqns]
+  ['dot_general', 'tanh']
+  >>> print(spec.report.collapsed[0])
+  4 equations, 8 -> 8 elements: 2.06e+03 -> 128 FLOPs per call, 256 bytes stored
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax.extend.core import primitives as P
+
+from . import _compat
+from ._batch import nbytes
+from ._flops import eqn_flops
+from .rules.affine import ADDITIVE, affine_rules, register_affine_rule
+
+#: Kinds of residual values: computed from folded constants alone, affine in
+#: the dynamic inputs (the inputs themselves included), anything else.
+CONST, AFFINE, OTHER = "const", "affine", "other"
+
+#: A collapse must bring the per-call cost (FLOPs plus bytes read) of its
+#: region down to this fraction at least: the estimate is rough, and the
+#: fold-time work of building the matrix must be worth it.
+PAYS = 0.75
+
+#: The most FLOPs building one region's matrix may take (its inputs times
+#: the region's FLOPs per call): about a second here, the order of folding
+#: the ``inv`` and ``cholesky`` of a 1000x1000 matrix.
+BUILD_FLOPS = 8e9
+
+#: Memory the fold-time Jacobian may use at once (the region is evaluated
+#: on this many basis vectors together).
+BUILD_BYTES = 256 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Collapse:
+    """One affine region replaced by one matrix and one offset per output.
+
+    Attributes:
+      eqns: equations of the region.
+      inputs: elements of the dynamic values the region reads.
+      outputs: elements of the values it produces for the rest of the program.
+      flops_before: estimated FLOPs per call of the region (`pejit._flops`).
+      flops_after: FLOPs per call of its matrices and offsets.
+      bytes_stored: bytes of the matrices and offsets.
+    """
+
+    eqns: int
+    inputs: int
+    outputs: int
+    flops_before: float
+    flops_after: float
+    bytes_stored: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.eqns} equations, {self.inputs} -> {self.outputs} elements: "
+            f"{self.flops_before:.3g} -> {self.flops_after:.3g} FLOPs per call, "
+            f"{self.bytes_stored:,} bytes stored"
+        )
+
+
+def _real(aval) -> bool:
+    return np.issubdtype(aval.dtype, np.floating)
+
+
+def classify(jaxpr, known: Sequence[bool]) -> dict[Any, str]:
+    """The kind of every variable of ``jaxpr`` (open), given which inputs are ``known``.
+
+    One loop over the equations: an equation on known values alone is
+    known (``CONST``), one whose rule says it is affine in its other inputs
+    is ``AFFINE``, any other (effects, no rule, integers) is ``OTHER``.
+    """
+    kinds = {v: CONST for v in jaxpr.constvars}
+    kinds.update((v, CONST if k else AFFINE) for v, k in zip(jaxpr.invars, known))
+
+    def kind(a) -> str:
+        return CONST if isinstance(a, _compat.Literal) else kinds[a]
+
+    for eqn in jaxpr.eqns:
+        ins = [kind(a) for a in eqn.invars]
+        rule = affine_rules.get(eqn.primitive)
+        if eqn.effects:
+            out = OTHER
+        elif all(k == CONST for k in ins):
+            out = CONST
+        elif (
+            rule is not None
+            and all(_real(v.aval) for v in eqn.outvars)
+            and all(_real(a.aval) for a, k in zip(eqn.invars, ins) if k != CONST)
+            and rule(eqn, [k == CONST for k in ins])
+        ):
+            out = AFFINE
+        else:
+            out = OTHER
+        kinds.update((v, out) for v in eqn.outvars)
+    return kinds
+
+
+@register_affine_rule(_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p)
+def _call(eqn, known: Sequence[bool]) -> bool:
+    """A call is affine when its body is (for ``custom_jvp``: the primal computation)."""
+    return is_affine(eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr"), known)
+
+
+def offsets(jaxpr, kinds: dict[Any, str], zero_inputs: Sequence[bool] = ()) -> set[Any]:
+    """The affine values of ``jaxpr`` that may have an offset (a map with none is linear).
+
+    Known from the structure, not from values, so that a folding program
+    (abstract constants) decides as a concrete fold does: an offset enters
+    where a known operand is added in (see ``ADDITIVE``), unless it is a
+    zero literal, maybe converted or broadcast (``jnp.pad``'s padding), or
+    from a call whose body has one. ``zero_inputs`` says which inputs are
+    zeros.
+    """
+    zeros = {v for v, z in zip(jaxpr.invars, zero_inputs) if z}
+
+    def zero(a) -> bool:
+        return (not np.any(a.val)) if isinstance(a, _compat.Literal) else a in zeros
+
+    out: set[Any] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive in _KEEPS_ZERO and all(map(zero, eqn.invars)):
+            zeros.update(eqn.outvars)
+        if not any(kinds.get(v) == AFFINE for v in eqn.outvars):
+            continue
+        known = [isinstance(a, _compat.Literal) or kinds[a] == CONST for a in eqn.invars]
+        body = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+        if body is not None:
+            inner = getattr(body, "jaxpr", body)
+            inner_kinds = classify(inner, known)
+            shifted = offsets(inner, inner_kinds, [zero(a) for a in eqn.invars])
+            # an output known inside the call is an offset too
+            has = any(
+                v in shifted or ((isinstance(v, _compat.Literal) or inner_kinds[v] == CONST) and not zero(v))
+                for v in inner.outvars
+            )
+        else:
+            additive = ADDITIVE.get(eqn.primitive, lambda n: ())(len(eqn.invars))
+            has = any(isinstance(a, _compat.Var) and a in out for a in eqn.invars) or any(
+                known[i] and not zero(eqn.invars[i]) for i in additive
+            )
+        if has:
+            out.update(eqn.outvars)
+    return out
+
+
+#: Known equations whose output is zero when their inputs are.
+_KEEPS_ZERO = frozenset([P.convert_element_type_p, P.broadcast_in_dim_p, P.reshape_p, P.copy_p])
+
+
+def is_affine(closed, known: Sequence[bool]) -> bool:
+    """Whether every output of ``closed`` (a jaxpr) is affine in its inputs that are not ``known``.
+
+    ``AFFINE`` values are affine in whatever varying values they read, some
+    perhaps computed nonlinearly inside (``2 * sin(v)``); an output counts
+    only if everything varying it reads goes back to the inputs through
+    affine equations.
+    """
+    jaxpr = getattr(closed, "jaxpr", closed)
+    kinds = classify(jaxpr, known)
+    pure = {v for v, k in zip(jaxpr.invars, known) if not k}
+    for eqn in jaxpr.eqns:
+        varying = [a for a in eqn.invars if isinstance(a, _compat.Var) and kinds[a] != CONST]
+        if kinds.get(eqn.outvars[0]) == AFFINE and all(a in pure for a in varying):
+            pure.update(eqn.outvars)
+    return all(isinstance(v, _compat.Literal) or kinds[v] == CONST or v in pure for v in jaxpr.outvars)
+
+
+@dataclasses.dataclass
+class _Region:
+    """A connected component of affine equations, by position in the residual."""
+
+    eqns: list[int]
+    roots: list[Any]  # its values that the rest of the program reads
+    sources: list[Any]  # the varying values it reads
+    root_sources: dict[Any, list[Any]]  # per root, the sources it depends on
+
+
+def _regions(jaxpr, kinds: dict[Any, str]) -> list[_Region]:
+    """The affine regions of ``jaxpr``, in program order."""
+    eqns = jaxpr.eqns
+    producer = {v: i for i, e in enumerate(eqns) for v in e.outvars}
+    inside = [any(kinds.get(v) == AFFINE for v in e.outvars) for e in eqns]
+    parent = list(range(len(eqns)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def internal(a) -> bool:
+        return isinstance(a, _compat.Var) and a in producer and inside[producer[a]]
+
+    deps: dict[Any, frozenset] = {}
+    for i, e in enumerate(eqns):
+        if not inside[i]:
+            continue
+        srcs: set = set()
+        for a in e.invars:
+            if internal(a):
+                parent[find(i)] = find(producer[a])
+                srcs |= deps[a]
+            elif isinstance(a, _compat.Var) and kinds[a] != CONST:
+                srcs.add(a)
+        deps.update((v, frozenset(srcs)) for v in e.outvars)
+    read_outside = [a for i, e in enumerate(eqns) if not inside[i] for a in e.invars if internal(a)]
+    roots = list(dict.fromkeys([*read_outside, *(a for a in jaxpr.outvars if internal(a))]))
+    regions: dict[int, _Region] = {}
+    for i in range(len(eqns)):
+        if inside[i]:
+            regions.setdefault(find(i), _Region([], [], [], {})).eqns.append(i)
+    for r in roots:
+        regions[find(producer[r])].roots.append(r)
+    order = {v: k for k, v in enumerate([*jaxpr.invars, *producer])}
+    for region in regions.values():
+        region.root_sources = {r: sorted(deps[r], key=order.__getitem__) for r in region.roots}
+        region.sources = sorted(set().union(*region.root_sources.values()), key=order.__getitem__)
+    return [r for r in regions.values() if r.roots]
+
+
+def _size(v) -> int:
+    return math.prod(v.aval.shape)
+
+
+def _costs(jaxpr, region: _Region, kinds, shifted: set[Any]) -> tuple[float, float, float, int]:
+    """``(cost before, FLOPs before, FLOPs after, bytes stored)`` of collapsing ``region``.
+
+    Cost per call is FLOPs plus bytes of known operands read (a matrix-vector
+    product is bound by reading its matrix).
+    """
+    eqns = [jaxpr.eqns[i] for i in region.eqns]
+    flops = sum(map(eqn_flops, eqns))
+    known = {a for e in eqns for a in e.invars if isinstance(a, _compat.Var) and kinds[a] == CONST}
+    before = flops + sum(nbytes(a.aval) for a in known)
+    after_flops, stored = 0.0, 0
+    for r, srcs in region.root_sources.items():
+        n_in, n_out = sum(map(_size, srcs)), _size(r)
+        offset = n_out if r in shifted else 0
+        after_flops += 2 * n_out * n_in + offset
+        stored += (n_out * n_in + offset) * np.dtype(r.aval.dtype).itemsize
+    return before, flops, after_flops, stored
+
+
+def _sub_jaxpr(jaxpr, n_consts: int, region: _Region, kinds):
+    """The region as a jaxpr of (constants it reads, its sources) to its roots.
+
+    Known values it reads that residual equations compute (a recomputed
+    expansion) are computed inside, from the constants.
+    """
+    producer = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+    keep, stack = set(region.eqns), list(region.eqns)
+    while stack:
+        for a in jaxpr.eqns[stack.pop()].invars:
+            if isinstance(a, _compat.Var) and kinds[a] == CONST and a in producer and producer[a] not in keep:
+                keep.add(producer[a])
+                stack.append(producer[a])
+    eqns = [jaxpr.eqns[i] for i in sorted(keep)]
+    read = {a for e in eqns for a in e.invars if isinstance(a, _compat.Var)}
+    constvars = [v for v in jaxpr.invars[:n_consts] if v in read]
+    sub = _compat.with_outvars(jaxpr.replace(eqns=eqns), region.roots)
+    return _compat.with_invars(sub, [*constvars, *region.sources]), constvars
+
+
+def _jacobian(sub, consts: Sequence[Any], region: _Region, batch: int, staged: bool) -> list[tuple[Any, Any]]:
+    """``(M, c)`` per root: the root is ``M @ concat(its sources, flattened) + c``.
+
+    ``c`` is the region at zero and the columns of ``M`` its derivative along
+    each unit vector (exact for an affine map: no differencing), ``batch``
+    columns at a time. Concrete constants are evaluated op by op, as a
+    folding batch of this size would be (compiling a region of a thousand
+    equations under ``jvp`` costs seconds); ``staged`` ones (a folding
+    program) in one loop.
+    """
+    sources = region.sources
+
+    def region_at(*xs):
+        return _compat.eval_jaxpr(sub, [], *consts, *xs)
+
+    zeros = [jax.numpy.zeros(s.aval.shape, s.aval.dtype) for s in sources]
+    offsets = region_at(*zeros)
+    sizes = [_size(s) for s in sources]
+    starts = np.cumsum([0, *sizes])
+    total = int(starts[-1])
+
+    def column(j):
+        unit = [(jax.numpy.arange(n) == j - start).astype(s.aval.dtype).reshape(s.aval.shape)
+                for s, n, start in zip(sources, sizes, starts)]
+        return [t.reshape(-1) for t in jax.jvp(region_at, zeros, unit)[1]]
+
+    if staged:
+        columns = lax.map(column, jax.numpy.arange(total), batch_size=batch)
+    else:
+        chunks = [jax.vmap(column)(jax.numpy.arange(i, min(i + batch, total))) for i in range(0, total, batch)]
+        columns = [jax.numpy.concatenate(cs) if len(cs) > 1 else cs[0] for cs in zip(*chunks)]
+    out = []
+    for r, cols, c in zip(region.roots, columns, offsets):
+        picked = np.concatenate([np.arange(starts[k], starts[k + 1])
+                                 for k, s in enumerate(sources) if s in region.root_sources[r]])
+        m = cols.T if len(picked) == total else cols[picked].T
+        out.append((m.astype(r.aval.dtype), c.astype(r.aval.dtype)))
+    return out
+
+
+def _peak_bytes(jaxpr, kinds) -> int:
+    """Bytes of varying values live at once while ``jaxpr`` is evaluated.
+
+    Values are freed at their last use; known ones are left out, since
+    they are shared by all the basis vectors evaluated together.
+    """
+    last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
+    live = sum(nbytes(v.aval) for v in jaxpr.invars if kinds[v] != CONST)
+    peak = live
+    for i, e in enumerate(jaxpr.eqns):
+        live += sum(nbytes(v.aval) for v in e.outvars if kinds.get(v) != CONST)
+        peak = max(peak, live)
+        dead = {a for a in e.invars if isinstance(a, _compat.Var) and last[a] == i and kinds[a] != CONST}
+        live -= sum(nbytes(a.aval) for a in dead)
+    return peak
+
+
+def _apply(shape, m, c, *xs):
+    """What replaces a region's root: ``M @ concat(xs) + c`` (no ``c``: zero)."""
+    flat = [lax.convert_element_type(lax.reshape(x, (math.prod(x.shape),)), m.dtype) for x in xs]
+    vec = flat[0] if len(flat) == 1 else lax.concatenate(flat, 0)
+    y = lax.reshape(lax.dot_general(m, vec, (((1,), (0,)), ((), ()))), shape)
+    return y if c is None else lax.add(y, c)
+
+
+
+
+def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[Any], list[Collapse]]:
+    """Collapse the affine regions of ``jaxpr`` (open: its leading inputs are ``consts``) where it pays.
+
+    A region is collapsed when its matrices and offsets take at most
+    ``max_bytes``, applying them costs at most `PAYS` of the region per
+    call (so never when its dynamic inputs are large: the matrix grows with
+    them), and building them at most `BUILD_FLOPS`. Returns the new jaxpr (open, with its constants) and what
+    was collapsed; dead equations and constants are left for
+    ``_compat.prune``.
+    """
+    n = len(consts)
+    kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
+    shifted = offsets(jaxpr, kinds)
+    chosen = []
+    for region in _regions(jaxpr, kinds):
+        before, flops, after_flops, stored = _costs(jaxpr, region, kinds, shifted)
+        inputs = sum(map(_size, region.sources))
+        if stored <= max_bytes and after_flops + stored <= PAYS * before and inputs * flops <= BUILD_FLOPS:
+            chosen.append((region, Collapse(
+                len(region.eqns), inputs, sum(map(_size, region.roots)),
+                flops, after_flops, stored,
+            )))
+    if not chosen:
+        return jaxpr, list(consts), []
+    subs = [_sub_jaxpr(jaxpr, n, region, kinds) for region, _ in chosen]
+    index = {v: i for i, v in enumerate(jaxpr.invars[:n])}
+    batches = [max(1, min(c.inputs, BUILD_BYTES // max(1, _peak_bytes(sub, kinds)))) for (sub, _), (_, c) in zip(subs, chosen)]
+    staged = any(isinstance(c, _compat.Tracer) for c in consts)
+    built = [_jacobian(sub, [consts[index[v]] for v in constvars], region, batch, staged)
+             for (sub, constvars), (region, _), batch in zip(subs, chosen, batches)]
+    producer = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+    inserts: dict[int, list] = {}
+    rename: dict[Any, Any] = {}
+    new_vars, new_consts = [], []
+    for (region, _), pairs in zip(chosen, built):
+        for r, (m, c) in zip(region.roots, pairs):
+            srcs = region.root_sources[r]
+            c = c if r in shifted else None
+            avals = [jax.ShapeDtypeStruct(s.aval.shape, s.aval.dtype) for s in srcs]
+            mini = jax.make_jaxpr(functools.partial(_apply, r.aval.shape))(m, c, *avals)
+            mvar, *xvars = mini.jaxpr.invars
+            if c is not None:
+                cvar, *xvars = xvars
+                new_vars.append(cvar)
+                new_consts.append(c)
+            to_source = dict(zip(xvars, srcs))
+            eqns = [e.replace(invars=[to_source.get(a, a) if isinstance(a, _compat.Var) else a for a in e.invars])
+                    for e in mini.jaxpr.eqns]
+            inserts.setdefault(producer[r], []).extend(eqns)
+            rename[r] = mini.jaxpr.outvars[0]
+            new_vars.append(mvar)
+            new_consts.append(m)
+
+    def sub(atoms):
+        return [rename.get(a, a) if isinstance(a, _compat.Var) else a for a in atoms]
+
+    eqns = []
+    for i, e in enumerate(jaxpr.eqns):
+        eqns.append(e.replace(invars=sub(e.invars)))
+        eqns.extend(inserts.get(i, ()))
+    invars = [*jaxpr.invars[:n], *new_vars, *jaxpr.invars[n:]]
+    out = _compat.with_invars(jaxpr.replace(eqns=eqns, outvars=sub(jaxpr.outvars)), invars)
+    return out, [*consts, *new_consts], [c for _, c in chosen]
+
+
+__all__ = ["Collapse", "classify", "collapse", "is_affine"]

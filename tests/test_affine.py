@@ -1,0 +1,239 @@
+"""Residual algebra: affine regions collapse into one matrix (pejit._affine), checked against NumPy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import jax.experimental
+import pytest
+from jax import lax
+
+from pejit import FoldOptions, pe, pejit, specialize_jaxpr
+
+rng = np.random.default_rng(0)
+C1, C2, C3 = (rng.standard_normal((32, 32)).astype(np.float32) / 6 for _ in range(3))
+X = rng.standard_normal(32).astype(np.float32)
+
+
+def prims(closed) -> list[str]:
+    return [e.primitive.name for e in closed.jaxpr.eqns]
+
+
+def both_forms(fun, consts, x, **options):
+    """``(residual, value)`` of the call-time form and of the TFC form."""
+    opts = FoldOptions(**options)
+    n = len(consts)
+    f = pejit(fun, constant_argnums=tuple(range(n)), fold_options=opts)
+    g = pejit(*consts, x, constant_arg_nums=list(range(n)), fold_options=opts)(fun)
+    return [(f.specialize(*consts, x).residual, f(*consts, x)), (g.specialize(x).residual, g(x))]
+
+
+def chain(a, b, c, x):
+    return a @ (b @ (c @ x))
+
+
+@pytest.mark.parametrize("form", [0, 1])
+def test_chain_of_constant_matrices_is_one_product(form):
+    residual, got = both_forms(chain, (C1, C2, C3), X)[form]
+    assert prims(residual.jaxpr) == ["dot_general"]
+    assert [c.shape for c in residual.consts] == [(32, 32)]
+    (c,) = residual.report.collapsed
+    assert (c.eqns, c.flops_before, c.flops_after) == (3, 3 * 2 * 32 * 32, 2 * 32 * 32)
+    want = np.float64(C1) @ (np.float64(C2) @ (np.float64(C3) @ np.float64(X)))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_switched_off_the_residual_is_unchanged():
+    for residual, got in both_forms(chain, (C1, C2, C3), X, affine=False):
+        assert prims(residual.jaxpr) == ["dot_general"] * 3 and residual.report.collapsed == ()
+        np.testing.assert_allclose(got, C1 @ (C2 @ (C3 @ X)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sub_region_collapses_and_the_nonlinear_rest_stays():
+    def f(a, b, c, x):
+        return jnp.sum(jnp.tanh(a @ (b @ x) + c @ x - 1.0) ** 2)
+
+    for residual, got in both_forms(f, (C1, C2, C3), X):
+        # one product and its offset (uniform: a broadcast literal), then tanh, square, sum
+        kept = [p for p in prims(residual.jaxpr) if p != "broadcast_in_dim"]
+        assert kept == ["dot_general", "add", "tanh", "integer_pow", "reduce_sum"]
+        inner = np.float64(C1) @ np.float64(C2) + np.float64(C3)
+        np.testing.assert_allclose(got, np.sum(np.tanh(inner @ X - 1.0) ** 2), rtol=1e-5)
+
+
+def test_data_movement_and_known_indices_are_affine():
+    idx = np.array([3, 1, 4, 1, 5])
+    mask = rng.standard_normal(10) > 0
+
+    def f(a, b, idx, mask, x):
+        y = a @ (b @ x)
+        z = jnp.concatenate([y[idx], jnp.where(mask, y[:10], 2.0 * y[10:20]), jnp.pad(y[::4], 2)])
+        return jnp.tanh(2.0 * (z.reshape(-1, 1) * a[: z.size, :3]).sum(1) / 3.0 + x[: z.size])
+
+    for residual, got in both_forms(f, (C1, C2, idx, mask), X):
+        # x[:27] is folded into the matrix; the padding value (a folded
+        # scalar, not yet a literal) counts as an offset, a uniform zero
+        kept = [p for p in prims(residual.jaxpr) if p != "broadcast_in_dim"]
+        assert kept in (["dot_general", "tanh"], ["dot_general", "add", "tanh"])
+        assert len(residual.report.collapsed) == 1
+        a, x = np.float64(C1), np.float64(X)
+        y = a @ (np.float64(C2) @ x)
+        z = np.concatenate([y[idx], np.where(mask, y[:10], 2 * y[10:20]), np.pad(y[::4], 2)])
+        want = np.tanh(2 * (z[:, None] * a[: z.size, :3]).sum(1) / 3 + x[: z.size])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_nonlinear_programs_are_left_alone():
+    def f(a, x):
+        y = a @ x
+        return jnp.sin(y) * y + x * x
+
+    for residual, got in both_forms(f, (C1,), X):
+        assert residual.report.collapsed == ()
+        assert prims(residual.jaxpr).count("dot_general") == 1
+        y = np.float64(C1) @ X
+        np.testing.assert_allclose(got, np.sin(y) * y + np.float64(X) ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_one_product_is_not_collapsed():
+    # a matrix-vector product is its own matrix: nothing to gain
+    for residual, _ in both_forms(lambda a, x: a @ x, (C1,), X):
+        assert residual.report.collapsed == () and prims(residual.jaxpr) == ["dot_general"]
+
+
+def test_large_dynamic_inputs_are_not_collapsed():
+    # elementwise affine work on 4096 elements: a matrix would be 4096^2
+    c = rng.standard_normal(4096).astype(np.float32)
+    for residual, got in both_forms(lambda c, x: 2.0 * (c * x) + c, (c,), np.ones(4096, np.float32)):
+        assert residual.report.collapsed == ()
+        np.testing.assert_allclose(got, 3.0 * c, rtol=1e-6)
+
+
+def test_the_memory_cap_holds():
+    for residual, _ in both_forms(chain, (C1, C2, C3), X, affine_max_bytes=32 * 32 * 4 - 1):
+        assert residual.report.collapsed == () and len(residual.jaxpr.jaxpr.eqns) == 3
+
+
+def test_integers_are_not_collapsed():
+    a = np.arange(16, dtype=np.int32).reshape(4, 4)
+    for residual, got in both_forms(lambda a, x: a @ (a @ x), (a,), np.arange(4, dtype=np.int32)):
+        assert residual.report.collapsed == ()
+        np.testing.assert_array_equal(got, a @ (a @ np.arange(4)))
+
+
+def test_several_dynamic_inputs_and_outputs():
+    def f(a, b, x, y):
+        u = a @ (b @ (a @ x)) + b @ (a @ (b @ y))
+        return u, jnp.tanh(u[:4] - a[:4] @ y)
+
+    a, b = np.float64(C1), np.float64(C2)
+    x, y = np.float64(X), np.float64(X[::-1])
+    spec = specialize_jaxpr(jax.make_jaxpr(f)(C1, C2, X, X), known={0: C1, 1: C2})
+    assert prims(spec.jaxpr).count("dot_general") == 2 and len(spec.report.collapsed) == 1
+    got = jax.jit(jax.extend.core.jaxpr_as_fun(spec.jaxpr))(X, X[::-1])
+    u = a @ (b @ (a @ x)) + b @ (a @ (b @ y))
+    np.testing.assert_allclose(got[0], u, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], np.tanh(u[:4] - a[:4] @ y), rtol=1e-5, atol=1e-5)
+
+
+def test_calls_and_custom_jvp_are_looked_into():
+    @jax.custom_jvp
+    def scale(v):
+        return 3.0 * v
+
+    scale.defjvp(lambda p, t: (scale(p[0]), 3.0 * t[0]))
+
+    def f(a, b, x):
+        return jnp.tanh(jax.jit(lambda v: a @ scale(v))(b @ x))
+
+    residual, got = both_forms(f, (C1, C2), X)[1]
+    assert prims(residual.jaxpr) == ["dot_general", "tanh"]
+    np.testing.assert_allclose(got, np.tanh(3 * np.float64(C1) @ (np.float64(C2) @ X)), rtol=1e-5, atol=1e-6)
+    # derivatives still go through the collapsed program
+    g = pe(C1, C2, X, constant_arg_nums=[0, 1])(f)
+    np.testing.assert_allclose(
+        jax.jacfwd(g)(X), jax.jacfwd(lambda x: f(C1, C2, x))(X), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_a_call_affine_only_after_nonlinear_work_is_not_affine():
+    # the body's output is affine in sin(v), not in v
+    def f(a, b, x):
+        return a @ jax.jit(lambda v: 2.0 * jnp.sin(v))(b @ x)
+
+    for residual, got in both_forms(f, (C1, C2), X):
+        assert "sin" in prims(residual.jaxpr) or any(
+            "sin" in str(e.params.get("jaxpr", "")) for e in residual.jaxpr.jaxpr.eqns
+        )
+        want = np.float64(C1) @ (2 * np.sin(np.float64(C2) @ X))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_effects_stay():
+    def f(a, b, x):
+        y = b @ x
+        jax.debug.callback(lambda v: None, y)
+        return a @ y
+
+    for residual, got in both_forms(f, (C1, C2), X):
+        assert len([e for e in residual.jaxpr.jaxpr.eqns if e.effects]) == 1
+        np.testing.assert_allclose(got, np.float64(C1) @ (np.float64(C2) @ X), rtol=1e-5, atol=1e-6)
+
+
+def test_float64_chain_matches_numpy_closely():
+    enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64  # public since 0.8
+    with enable_x64(True):
+        a, b, c, x = (np.float64(v) for v in (C1, C2, C3, X))
+        for residual, got in both_forms(chain, (a, b, c), x):
+            assert residual.report.collapsed
+            np.testing.assert_allclose(got, a @ (b @ (c @ x)), rtol=1e-13, atol=1e-15)
+
+
+def test_scan_bodies_are_not_entered():
+    def f(a, x):
+        return lax.scan(lambda c, _: (a @ c, None), x, None, length=3)[0]
+
+    for residual, got in both_forms(f, (C1,), X):
+        assert "scan" in prims(residual.jaxpr)
+        np.testing.assert_allclose(got, np.linalg.matrix_power(np.float64(C1), 3) @ X, rtol=1e-5, atol=1e-6)
+
+
+# -- a contraction against a broadcast contracts against its source ------------
+
+A3 = (2 * np.eye(3) + rng.standard_normal((3, 3)) / 4).astype(np.float32)
+
+
+def expanded_product(a, x):
+    return jnp.broadcast_to(jnp.linalg.inv(a), (64, 3, 3)) @ x
+
+
+@pytest.mark.parametrize("shape", [(3,), (64, 3, 1), (64, 3, 5)])
+def test_no_dot_general_against_an_expansion(shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    for residual, got in both_forms(expanded_product, (A3,), x):
+        assert [c.shape for c in residual.consts] == [(3, 3)]  # 36 bytes, not 64 x 36
+        dots = [e for e in residual.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+        assert len(dots) == 1 and all(v.aval.shape != (64, 3, 3) for v in dots[0].invars)
+        want = np.broadcast_to(np.linalg.inv(np.float64(A3)), (64, 3, 3)) @ np.float64(x)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_expansion_along_batch_and_contracting_dimensions():
+    def f(c, x, y):
+        b = jnp.broadcast_to(c[:, None, :], (3, 64, 3))  # a new middle dimension
+        return jnp.einsum("ibj,bj->i", b, x), jnp.einsum("ibj,bj->bi", b, y)
+
+    x, y = rng.standard_normal((2, 64, 3)).astype(np.float32)
+    g = pejit(f, constant_argnums=0)
+    assert [c.shape for c in g.specialize(A3, x, y).residual.consts] == [(3, 3)]
+    got = g(A3, x, y)
+    a = np.float64(A3)
+    np.testing.assert_allclose(got[0], a @ np.float64(x).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], np.float64(y) @ a.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_expansion_is_not_stored():
+    a = (np.eye(256) + rng.standard_normal((256, 256)) / 64).astype(np.float32)
+    f = pejit(lambda a, x: jnp.broadcast_to(jnp.linalg.inv(a), (64, 256, 256)) @ x, constant_argnums=0)
+    x = np.ones(256, np.float32)
+    assert f.specialize(a, x).residual.report.folded_bytes == 256 * 256 * 4  # 256 KiB, not 16 MiB
+    np.testing.assert_allclose(f(a, x)[17], np.linalg.inv(np.float64(a)) @ x, rtol=1e-4, atol=1e-5)
