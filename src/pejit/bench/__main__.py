@@ -29,10 +29,12 @@ def find_tfc_python(option: str | None) -> str | None:
     for python in candidates:
         if not python:
             continue
+        if os.sep in python:  # a path given relative to where the user is (the check runs in /)
+            python = os.path.abspath(python)
         ok = subprocess.run([python, "-c", "import tfc"], capture_output=True, cwd="/").returncode == 0
         if ok:
             return python
-        if python is not sys.executable:
+        if python != sys.executable:
             print(f"warning: {python} cannot import tfc; TFC figures will be n/a", file=sys.stderr)
     return None
 
