@@ -44,10 +44,9 @@ class _AXES:
     """Tags the named-axes part of a cache key."""
 
 
-#: Options of ``Pejitted`` that are pejit's; the others are ``jax.jit``'s.
-_PEJIT_OPTIONS = frozenset(
-    {"constant_argnums", "constant_argnames", "jit", "fold_options", "cache_size", "constant_shardings", "one_value"}
-)
+#: Options of ``Pejitted`` that are pejit's (its public keywords, and two the
+#: API layer sets); the others are ``jax.jit``'s.
+_PEJIT_OPTIONS = frozenset(_errors.PEJIT_KEYWORDS) | {"jit", "one_value"}
 
 #: Why a function without constant arguments folds nothing (its report says it).
 NO_CONSTANTS = "no constant arguments: every call is jax.jit's, nothing is folded"
