@@ -413,3 +413,33 @@ def test_a_new_promoted_object_is_folded_again_with_a_one_program_fold():
     info = f.cache_info()
     assert info.promotions == 3 and info.misses == 2  # X1 folded once, X2 once, X1 again a hit
     assert f.decisions()[1][0] == "promoted"
+
+
+def ridge(w, X, y):
+    L = jnp.linalg.cholesky(X.T @ X + 0.1 * jnp.eye(X.shape[1], dtype=X.dtype))
+    z = jax.scipy.linalg.solve_triangular(L, X.T @ (X @ w - y), lower=True)
+    return jnp.sum(z**2)
+
+
+def test_a_short_affine_region_is_collapsed_by_one_compiled_program():
+    # solve_triangular(L, X.T @ (X @ w - y)) is affine in w: its matrix is
+    # built at promotion; op by op, that would compile each of the region's
+    # primitives (and their tangents and batches) separately
+    rng = np.random.default_rng(7)
+    X = jnp.asarray(rng.standard_normal((64, 24)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal(64), jnp.float32)
+    w = [jnp.asarray(rng.standard_normal(24), jnp.float32) for _ in range(4)]
+    jax.clear_caches()
+    f = pejit(ridge, constant_argnums="auto", auto_min_flops=0)
+    f(w[0], X, y)
+    with _Compiles() as compiles:
+        got = f(w[1], X, y)  # promoted here
+    assert f.decisions()[1][0] == "promoted"
+    assert f.report(w[1], X, y).fold.collapsed, "the affine region was not collapsed"
+    assert compiles.count <= 6  # fold, Jacobian, residual (plus scalar conversions)
+    oracle = np.asarray(X, np.float64)
+    L = np.linalg.cholesky(oracle.T @ oracle + 0.1 * np.eye(24))
+    for v in w[1:]:
+        z = np.linalg.solve(L, oracle.T @ (oracle @ np.asarray(v, np.float64) - np.asarray(y, np.float64)))
+        np.testing.assert_allclose(f(v, X, y), np.sum(z**2), rtol=1e-4)
+    np.testing.assert_allclose(got, jax.jit(ridge)(w[1], X, y), rtol=1e-4)

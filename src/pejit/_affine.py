@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import primitives as P
 
-from . import _compat
+from . import _batch, _compat
 from ._batch import nbytes
 from ._flops import eqn_flops
 from .rules.affine import ADDITIVE, affine_rules, register_affine_rule
@@ -299,44 +299,64 @@ def _sub_jaxpr(jaxpr, n_consts: int, region: _Region, kinds):
     return _compat.with_invars(sub, [*constvars, *region.sources]), constvars
 
 
-def _jacobian(sub, consts: Sequence[Any], region: _Region, batch: int, staged: bool) -> list[tuple[Any, Any]]:
+def _jacobian(
+    sub, consts: Sequence[Any], region: _Region, batch: int, staged: bool, backend: str
+) -> list[tuple[Any, Any]]:
     """``(M, c)`` per root: the root is ``M @ concat(its sources, flattened) + c``.
 
     ``c`` is the region at zero and the columns of ``M`` its derivative along
     each unit vector (exact for an affine map: no differencing), ``batch``
-    columns at a time. Concrete constants are evaluated op by op, as a
-    folding batch of this size would be (compiling a region of a thousand
-    equations under ``jvp`` costs seconds); ``staged`` ones (a folding
-    program) in one loop.
+    columns at a time. Concrete constants are evaluated op by op where
+    that is cheaper than compiling (a region of a thousand equations under
+    ``jvp`` takes seconds to compile; see :func:`_compile_pays`) or
+    ``backend`` (``FoldOptions.backend``) says so; ``staged`` ones (a
+    folding program) in one loop.
     """
     sources = region.sources
-
-    def region_at(*xs):
-        return _compat.eval_jaxpr(sub, [], *consts, *xs)
-
-    zeros = [jax.numpy.zeros(s.aval.shape, s.aval.dtype) for s in sources]
-    offsets = region_at(*zeros)
     sizes = [_size(s) for s in sources]
     starts = np.cumsum([0, *sizes])
     total = int(starts[-1])
 
-    def column(j):
-        unit = [(jax.numpy.arange(n) == j - start).astype(s.aval.dtype).reshape(s.aval.shape)
-                for s, n, start in zip(sources, sizes, starts)]
-        return [t.reshape(-1) for t in jax.jvp(region_at, zeros, unit)[1]]
+    def build(*consts):
+        def region_at(*xs):
+            return _compat.eval_jaxpr(sub, [], *consts, *xs)
 
-    if staged:
-        columns = lax.map(column, jax.numpy.arange(total), batch_size=batch)
-    else:
-        chunks = [jax.vmap(column)(jax.numpy.arange(i, min(i + batch, total))) for i in range(0, total, batch)]
-        columns = [jax.numpy.concatenate(cs) if len(cs) > 1 else cs[0] for cs in zip(*chunks)]
-    out = []
-    for r, cols, c in zip(region.roots, columns, offsets):
-        picked = np.concatenate([np.arange(starts[k], starts[k + 1])
-                                 for k, s in enumerate(sources) if s in region.root_sources[r]])
-        m = cols.T if len(picked) == total else cols[picked].T
-        out.append((m.astype(r.aval.dtype), c.astype(r.aval.dtype)))
-    return out
+        zeros = [jax.numpy.zeros(s.aval.shape, s.aval.dtype) for s in sources]
+
+        def column(j):
+            unit = [(jax.numpy.arange(n) == j - start).astype(s.aval.dtype).reshape(s.aval.shape)
+                    for s, n, start in zip(sources, sizes, starts)]
+            return [t.reshape(-1) for t in jax.jvp(region_at, zeros, unit)[1]]
+
+        if staged:
+            columns = lax.map(column, jax.numpy.arange(total), batch_size=batch)
+        else:
+            chunks = [jax.vmap(column)(jax.numpy.arange(i, min(i + batch, total))) for i in range(0, total, batch)]
+            columns = [jax.numpy.concatenate(cs) if len(cs) > 1 else cs[0] for cs in zip(*chunks)]
+        out = []
+        for r, cols, c in zip(region.roots, columns, region_at(*zeros)):
+            picked = np.concatenate([np.arange(starts[k], starts[k + 1])
+                                     for k, s in enumerate(sources) if s in region.root_sources[r]])
+            m = cols.T if len(picked) == total else cols[picked].T
+            out.append((m.astype(r.aval.dtype), c.astype(r.aval.dtype)))
+        return out
+
+    if not staged and (backend == "compiled" or backend == "auto" and _compile_pays(sub)):
+        return jax.jit(build)(*consts)
+    return build(*consts)
+
+
+def _compile_pays(sub) -> bool:
+    """Whether one compiled program builds the matrix sooner than op by op.
+
+    Op by op, each distinct primitive and shape is compiled once (for the
+    tangents and the batch too: about three programs each), which pays
+    where a large region repeats a few equations (a TFC operator) and not
+    for a short one (a ridge loss's solve): there one program costs less.
+    """
+    distinct = {(e.primitive, tuple(getattr(a, "aval", None) for a in e.invars)) for e in sub.eqns}
+    one_program = _batch.COMPILE_SECONDS + 3 * _batch.COMPILE_SECONDS_PER_EQN * len(sub.eqns)
+    return one_program < 3 * _batch.COMPILE_SECONDS * len(distinct)
 
 
 def _peak_bytes(jaxpr, kinds) -> int:
@@ -366,7 +386,9 @@ def _apply(shape, m, c, *xs):
 
 
 
-def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[Any], list[Collapse]]:
+def collapse(
+    jaxpr, consts: Sequence[Any], max_bytes: int, backend: str = "auto"
+) -> tuple[Any, list[Any], list[Collapse]]:
     """Collapse the affine regions of ``jaxpr`` (open: its leading inputs are ``consts``) where it pays.
 
     A region is collapsed when its matrices and offsets take at most
@@ -394,7 +416,7 @@ def collapse(jaxpr, consts: Sequence[Any], max_bytes: int) -> tuple[Any, list[An
     index = {v: i for i, v in enumerate(jaxpr.invars[:n])}
     batches = [max(1, min(c.inputs, BUILD_BYTES // max(1, _peak_bytes(sub, kinds)))) for (sub, _), (_, c) in zip(subs, chosen)]
     staged = any(isinstance(c, _compat.Tracer) for c in consts)
-    built = [_jacobian(sub, [consts[index[v]] for v in constvars], region, batch, staged)
+    built = [_jacobian(sub, [consts[index[v]] for v in constvars], region, batch, staged, backend)
              for (sub, constvars), (region, _), batch in zip(subs, chosen, batches)]
     producer = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
     inserts: dict[int, list] = {}

@@ -101,7 +101,7 @@ def fold(
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
     if options.affine:
-        jaxpr, consts, collapsed = _affine.collapse(jaxpr, consts, options.affine_max_bytes)
+        jaxpr, consts, collapsed = _affine.collapse(jaxpr, consts, options.affine_max_bytes, options.backend)
         if collapsed:
             folder.stats.collapsed.extend(collapsed)
             jaxpr, consts = _compat.prune(jaxpr, consts)
