@@ -49,6 +49,28 @@ def fold_time(spec: dict) -> dict:
     return {"seconds": seconds, "checksum": float(np.asarray(out, np.float64).sum())}
 
 
+def first_calls(spec: dict) -> dict:
+    """Case 8: the first ``calls`` calls of ``ridge_loss`` in a cold process, and the first alone."""
+    from pejit import pejit
+
+    X, y = (jnp.asarray(a) for a in programs.ridge_data())
+    rng = np.random.default_rng(1)
+    params = [jnp.asarray(rng.standard_normal(X.shape[1]).astype(np.float32)) for _ in range(spec["calls"])]
+    _warm_runtime()
+    jax.block_until_ready(params)
+    make = {"auto": lambda f: pejit(f, constant_argnums="auto"),
+            "explicit": lambda f: pejit(f, constant_argnums=(1, 2)), "jax.jit": jax.jit}[spec["variant"]]
+    start = time.perf_counter()
+    fn = make(programs.ridge_loss)
+    first = jax.block_until_ready(fn(params[0], X, y))
+    first_seconds = time.perf_counter() - start
+    for p in params[1:]:
+        out = fn(p, X, y)
+    jax.block_until_ready(out)
+    return {"seconds": time.perf_counter() - start, "first_seconds": first_seconds,
+            "checksum": float(np.asarray(first, np.float64))}
+
+
 def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -99,4 +121,4 @@ def compile_memory(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
-    worker_main({"fold_time": fold_time, "compile_memory": compile_memory})
+    worker_main({"fold_time": fold_time, "compile_memory": compile_memory, "first_calls": first_calls})
