@@ -161,6 +161,56 @@ def test_mutated_numpy_constant_is_never_stale():
     assert not np.allclose(first, f(a, x))
 
 
+def _count_digests(monkeypatch) -> list:
+    from pejit import _keys
+
+    calls, digest = [], _keys._digest
+    monkeypatch.setattr(_keys, "_digest", lambda a: calls.append(a.nbytes) or digest(a))
+    return calls
+
+
+@pytest.mark.parametrize("form", ["call-time", "TFC"])
+def test_numpy_constants_take_the_hot_path_and_are_still_never_stale(form, monkeypatch):
+    # a hit compares the array's bytes with a copy (no digest, no key built);
+    # a change of contents, shape or dtype in place is seen on the next call
+    a, x = np.array(spd(1)), jnp.ones(4)
+    f = pj(affine, constant_argnums=0) if form == "call-time" else pj(a, x, constant_arg_nums=[0])(affine)
+    call = (lambda: f(a, x)) if form == "call-time" else (lambda: f(x))
+    call()
+    digests = _count_digests(monkeypatch)
+    for _ in range(5):
+        np.testing.assert_allclose(call(), affine(jnp.asarray(a), x), rtol=1e-5)
+    assert digests == []
+    a[1, 2] += 3.0
+    np.testing.assert_allclose(call(), affine(jnp.asarray(a), x), rtol=1e-5)
+    assert len(digests) == 1  # the new contents' key, once
+    a.shape = (2, 8)
+    with pytest.raises(Exception):
+        call()  # a (2, 8) constant: no stale (4, 4) result
+    a.shape = (4, 4)
+    np.testing.assert_allclose(call(), affine(jnp.asarray(a), x), rtol=1e-5)
+    if form == "call-time":  # folded for the first and the changed contents; the (2, 8) one failed
+        assert f.cache_info()[1::2] == (3, 2)
+
+
+def test_a_large_numpy_constant_is_guarded_by_its_digest(monkeypatch):
+    from pejit._keys import SNAPSHOT_BYTES
+
+    n = int(np.sqrt(SNAPSHOT_BYTES / 4)) + 8
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    x = jnp.ones(n)
+    f = pj(lambda a, x: a.T @ x, constant_argnums=0)
+    with pytest.warns(pejit.WritableConstantWarning):
+        f(a, x)
+    digests = _count_digests(monkeypatch)
+    f(a, x)
+    assert digests == [a.nbytes]  # the guard's one digest, no copy of 1 MiB kept per call
+    before = np.asarray(f(a, x))
+    a[0, 0] += 1.0
+    np.testing.assert_allclose(f(a, x), a.astype(np.float64).T @ np.ones(n), rtol=1e-4, atol=1e-3)
+    assert np.asarray(f(a, x))[0] - before[0] == pytest.approx(1.0, abs=1e-3)
+
+
 @requires_jax((0, 9), "jax.device_put keeps a reference to a read-only NumPy array, so its cache entry outlives it")
 def test_read_only_numpy_constant_is_keyed_by_identity():
     f = pj(affine, constant_argnums=0)

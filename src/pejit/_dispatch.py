@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from . import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
+from ._keys import unchanged
 
 
 class Layout(NamedTuple):
@@ -41,7 +44,7 @@ def dispatch(*args, **kwargs):
         purge()
     memo = last[0]
     try:
-        if memo[0] == {n} and {memo_check}:
+        if memo[0] == {n} and {memo_check} and (memo[-2] is None or memo[-2]()):
             counts.hits += 1
             return memo[-1]({dynamic})
         key = ({key})
@@ -51,7 +54,7 @@ def dispatch(*args, **kwargs):
     if spec is None:
         return uncached(args, kwargs)
     counts.hits += 1
-    touch(key, spec, ({n}, *key, spec.call))
+    touch(key, spec, ({n}, *key, None, spec.call))
     return spec.call({dynamic})
 """
 
@@ -75,6 +78,10 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     compares them with ``is``). An int (an id) in a key only ever comes from
     a live, watched ``jax.Array`` (dead ones are purged first), so no type
     check is needed.
+
+    The memo is that key, a guard (or None) and the call. A memo with NumPy
+    constants (see :func:`numpy_memo`) holds them, so their identities stay
+    theirs, and its guard checks that their contents did not change.
     """
     parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
     memo_check = " and ".join(
@@ -91,6 +98,26 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     }
     exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]
+
+
+def numpy_memo(layout: Layout, args: tuple, key: tuple, call: Callable) -> tuple | None:
+    """The memo of a call whose constants include NumPy arrays, or None.
+
+    Their key is their content (``_keys.constant_key``), which the generated
+    hot path cannot compute; its memo can still recognize the same arrays by
+    identity, with :func:`~pejit._keys.unchanged` as its guard: the TFC form
+    binds its constants once, as NumPy arrays in TFC's programs, and every
+    call passes the same objects.
+    """
+    consts = [args[i] for i in layout.const]
+    if len(key) != len(args) or not any(type(c) is np.ndarray for c in consts):
+        return None  # keywords or named axes in the key, or nothing for this memo to add
+    if not all(type(c) in (np.ndarray, _compat.ArrayImpl) for c in consts):
+        return None
+    if not all(type(args[i]) is _compat.ArrayImpl for i in layout.dyn):
+        return None
+    guard = unchanged([c for c in consts if type(c) is np.ndarray])
+    return (len(args), *[id(c) for c in consts], *[args[i].aval for i in layout.dyn], guard, call)
 
 
 _BOUND_SOURCE = """

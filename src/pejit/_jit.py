@@ -24,7 +24,7 @@ import jax
 
 from . import _compat, _errors
 from ._cache import CacheInfo, Caches
-from ._dispatch import Layout, dispatcher, straight_line
+from ._dispatch import Layout, dispatcher, numpy_memo, straight_line
 from ._folding import FoldStats
 from ._info import fixed_positions, parse_pejit_arguments, split_call
 from ._keys import TracedConstant, constant_key, dynamic_key, watched
@@ -171,7 +171,7 @@ class Pejitted:
         if self._jitted is not None and _compat.DISABLE_JIT.value:
             return self.info.fun(*args, **kwargs)  # as jax.jit does: no trace, no fold
         try:
-            spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
+            spec, key, layout = self._lookup(args, kwargs)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
         except _compat.ClosedOverTracer:
@@ -179,7 +179,12 @@ class Pejitted:
             # run under the caller's trace, sees the tracer it closes over
             # (or fails on a leaked one, as jax.jit's call does).
             return self.info.fun(*args, **kwargs)
-        return spec.call(*dyn_args, **dyn_kwargs)
+        if not kwargs:
+            memo = numpy_memo(layout, args, key, spec.call)
+            if memo is not None:  # the next call with these arrays takes the hot path
+                self._caches.specializations.touch(key, spec, memo)
+        fixed = self.info.fixed_names
+        return spec.call(*layout.dynamic(args), **{k: v for k, v in kwargs.items() if k not in fixed})
 
     def _fallback(self, e: TracedConstant, args, kwargs):
         what = _argument_name(e.args[0])
@@ -226,10 +231,14 @@ class Pejitted:
             key.append((_AXES, axes))
         return tuple(key)
 
-    def _specialized_call(self, args: tuple, kwargs: dict):
+    def _lookup(self, args: tuple, kwargs: dict):
+        """The specialization of a call (folding on a miss), its key and layout."""
         layout = self._layout(len(args))
         key = self._key(args, kwargs, layout)
-        spec = self._caches.specialization(key, self._build, args, kwargs, layout)
+        return self._caches.specialization(key, self._build, args, kwargs, layout), key, layout
+
+    def _specialized_call(self, args: tuple, kwargs: dict):
+        spec, _, layout = self._lookup(args, kwargs)
         fixed = self.info.fixed_names
         return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 

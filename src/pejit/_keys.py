@@ -22,6 +22,7 @@ Two keys describe the constants of a call:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -63,9 +64,7 @@ def _leaf_key(what: int | str, leaf: Any) -> Any:
     if isinstance(leaf, np.ndarray):
         if immutable(leaf):
             return ("frozen", id(leaf))
-        data = np.ascontiguousarray(leaf)
-        digest = hashlib.sha1(memoryview(data).cast("B")).digest()
-        return ("numpy", leaf.shape, leaf.dtype.str, digest)
+        return ("numpy", leaf.shape, leaf.dtype.str, _digest(leaf))
     try:
         hash(leaf)
     except TypeError:
@@ -76,6 +75,40 @@ def _leaf_key(what: int | str, leaf: Any) -> Any:
             "act as static values and must be hashable"
         ) from None
     return (type(leaf), leaf)
+
+
+#: NumPy constants up to this size are guarded by a copy of their bytes
+#: (compared in well under a microsecond); larger ones by their digest.
+SNAPSHOT_BYTES = 1 << 20
+
+
+def unchanged(arrays: list[np.ndarray]) -> Callable[[], bool] | None:
+    """A check that these NumPy arrays still hold what they hold now (None: nothing to check).
+
+    Read-only arrays nobody can write need no check; the others are compared
+    with a copy of their bytes, or a digest of them when large. The check
+    holds the arrays, so whoever has it sees the same objects.
+    """
+    watched = [(a, a.shape, a.dtype, _contents(a)) for a in arrays if not immutable(a)]
+    if not watched:
+        return None
+
+    def check() -> bool:
+        for a, shape, dtype, contents in watched:
+            if a.shape != shape or a.dtype != dtype or _contents(a) != contents:
+                return False
+        return True
+
+    check.arrays = arrays  # the identities the memo keys stay these arrays'
+    return check
+
+
+def _contents(a: np.ndarray) -> bytes:
+    return a.tobytes() if a.nbytes <= SNAPSHOT_BYTES else _digest(a)
+
+
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.sha1(memoryview(np.ascontiguousarray(a)).cast("B")).digest()
 
 
 def immutable(a: np.ndarray) -> bool:
