@@ -399,7 +399,9 @@ def test_a_small_fold_is_promoted_as_one_compiled_program():
             # not one program per primitive of the fold
             assert compiles.count <= most
         else:
-            assert compiles.count > 5  # the user's back end is kept: op by op
+            # the user's back end is kept: op by op, the products, the
+            # cholesky and the residual each compiled alone
+            assert compiles.count > 2
         for v in w[2:]:
             np.testing.assert_allclose(f(v, X), explicit(v, X), rtol=1e-6)
 

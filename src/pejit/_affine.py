@@ -341,9 +341,16 @@ def _jacobian(
             out.append((m.astype(r.aval.dtype), c.astype(r.aval.dtype)))
         return out
 
-    if not staged and (backend == "compiled" or backend == "auto" and _compile_pays(sub)):
+    if staged:
+        return build(*consts)
+    if backend == "compiled" or backend == "auto" and _compile_pays(sub):
         return jax.jit(build)(*consts)
-    return build(*consts)
+    # Op by op, as a folding batch: the tangents and batches of the region's
+    # equations are traced once, then evaluated by the folding back end
+    # (where the host evaluates what it can: see pejit._host).
+    closed, shapes = jax.make_jaxpr(build, return_shape=True)(*consts)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes),
+                                        _batch.evaluate_jaxpr(closed, consts, backend))
 
 
 def _compile_pays(sub) -> bool:

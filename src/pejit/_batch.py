@@ -39,7 +39,7 @@ import jax
 import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 
-from . import _abstract, _compat
+from . import _abstract, _compat, _host
 from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
 
 # -- the cost model (seconds, bytes per second) ------------------------------
@@ -232,7 +232,12 @@ def run_batch(
                     outer = _abstract.outer_trace(env.get(a) if _is_var(a) else a for r in seg.recipes for a in r.args)
                 for r in seg.recipes:
                     args = [env[a] if _is_var(a) else a for a in r.args]
-                    outs = _abstract.evaluate(r.prim, args, r.params, outer)
+                    if outer is None:  # on the host where a rule gives XLA's bits (no compile)
+                        outs = _host.evaluate(r.prim, args, r.params)
+                    else:  # a program being traced takes no NumPy values as constants
+                        args, outs = [_host.to_jax(a) for a in args], None
+                    if outs is None:
+                        outs = _abstract.evaluate(r.prim, args, r.params, outer)
                     del args
                     define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     del outs

@@ -1,0 +1,164 @@
+"""Folding on the host: NumPy rules for primitives whose result it computes exactly.
+
+Evaluated eagerly, each JAX primitive compiles an XLA program the first time
+it meets a new shape, about 30 ms on a CPU. A fold of a TFC program meets a
+hundred such pairs (broadcasts, transposes, products of a basis with a
+coordinate, ...), and those compiles were half of its time to the first
+result, more than compiling the whole function with ``jax.jit``. On a CPU
+the arrays are NumPy's already, so the rules here evaluate those primitives
+with NumPy instead: no compile, the same bits.
+
+A rule exists only where NumPy's result is the one XLA gives, bit for bit:
+data movement (broadcasts, reshapes, slices, concatenation, ...) on any
+dtype; comparisons and selection; and the correctly rounded IEEE operations
+(``+ - *``, negation, ``max``, ``min``, conversions between floating types)
+on floats. Not division (XLA divides by a broadcast scalar through its
+reciprocal), transcendental functions, contractions or reductions, whose
+XLA kernels round differently; not integer arithmetic, whose overflow NumPy
+treats otherwise. (XLA on a CPU flushes subnormal floats
+to zero; an operation that produces one is the only difference left.)
+
+:func:`evaluate` returns ``None`` whenever a rule does not apply (another
+backend, several devices, an unsupported dtype), and the caller binds the
+primitive as before. The table is keyed by primitive, one rule each, as the
+fold rules are.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import primitives as P
+
+from . import _compat
+
+#: dtypes the rules take: NumPy's arithmetic on these is IEEE's (floats),
+#: or they are only moved and compared
+FLOATS = frozenset(map(np.dtype, ["float32", "float64"]))
+DTYPES = FLOATS | frozenset(map(np.dtype, ["bool", "int8", "int16", "int32", "int64", "uint8", "uint32"]))
+
+HOST_RULES: dict[Any, Callable[..., Any]] = {}
+
+
+def _elementwise(ufunc: Callable, floats_only: bool = False) -> Callable:
+    """The rule of an elementwise primitive, where its parameters are trivial
+    (``mul``'s ``out_dtype``, an ``accuracy``: None)."""
+
+    def rule(*xs, **params):
+        return None if any(v is not None for v in params.values()) else ufunc(*xs)
+
+    rule.floats_only = floats_only
+    return rule
+
+
+for prim, ufunc in ((P.add_p, np.add), (P.add_jaxvals_p, np.add), (P.sub_p, np.subtract),
+                    (P.mul_p, np.multiply), (P.max_p, np.maximum),
+                    (P.min_p, np.minimum), (P.neg_p, np.negative), (P.abs_p, np.abs)):
+    HOST_RULES[prim] = _elementwise(ufunc, floats_only=True)
+for prim, ufunc in ((P.eq_p, np.equal), (P.ne_p, np.not_equal), (P.lt_p, np.less), (P.le_p, np.less_equal),
+                    (P.gt_p, np.greater), (P.ge_p, np.greater_equal), (P.and_p, np.bitwise_and),
+                    (P.or_p, np.bitwise_or), (P.xor_p, np.bitwise_xor), (P.not_p, np.invert)):
+    HOST_RULES[prim] = _elementwise(ufunc)
+
+
+def _select_n(which, *cases):
+    if which.dtype == bool:
+        return np.where(which, cases[1], cases[0]) if len(cases) == 2 else None
+    return np.choose(which, cases)
+
+
+def _convert(x, *, new_dtype, **_):
+    new = np.dtype(new_dtype)
+    if new not in DTYPES:
+        return None
+    if x.dtype in FLOATS and new not in FLOATS:
+        return None  # float to int or bool: NumPy's rules for NaN and overflow are not XLA's
+    return x.astype(new)
+
+
+def _broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
+    kept = [1] * len(shape)
+    for d, n in zip(broadcast_dimensions, x.shape):
+        kept[d] = n
+    return np.broadcast_to(x.reshape(kept), shape)
+
+
+def _reshape(x, *, new_sizes, dimensions=None, **_):
+    return None if dimensions is not None else x.reshape(new_sizes)
+
+
+def _slice(x, *, start_indices, limit_indices, strides=None):
+    strides = strides or (1,) * x.ndim
+    return x[tuple(slice(a, b, s) for a, b, s in zip(start_indices, limit_indices, strides))]
+
+
+def _dynamic_slice(x, *starts, slice_sizes):
+    # XLA clamps each start so that the slice stays inside the operand
+    index = tuple(slice(s, s + n) for s, n in
+                  ((min(max(int(s), 0), d - n), n) for s, d, n in zip(starts, x.shape, slice_sizes)))
+    return x[index]
+
+
+def _iota(*, dtype, shape, dimension, **_):
+    if np.dtype(dtype) not in DTYPES:
+        return None
+    line = np.arange(shape[dimension], dtype=dtype).reshape([-1 if d == dimension else 1 for d in range(len(shape))])
+    return np.broadcast_to(line, shape)
+
+
+def _split(x, *, sizes, axis):
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+
+
+HOST_RULES.update({
+    P.select_n_p: _select_n,
+    P.convert_element_type_p: _convert,
+    P.broadcast_in_dim_p: _broadcast_in_dim,
+    P.reshape_p: _reshape,
+    P.transpose_p: lambda x, *, permutation: np.transpose(x, permutation),
+    P.squeeze_p: lambda x, *, dimensions: np.squeeze(x, tuple(dimensions)),
+    P.concatenate_p: lambda *xs, dimension: np.concatenate(xs, dimension),
+    P.slice_p: _slice,
+    P.rev_p: lambda x, *, dimensions: np.flip(x, tuple(dimensions)) if dimensions else x,
+    P.iota_p: _iota,
+    P.copy_p: lambda x: x,
+    P.dynamic_slice_p: _dynamic_slice,
+})
+if _compat.split_p is not None:
+    HOST_RULES[_compat.split_p] = _split
+
+
+@functools.lru_cache(maxsize=None)
+def _on_one_cpu() -> bool:
+    """Whether JAX computes on one CPU device (else the rules never apply:
+    their results would lose the device or the sharding the eager one has)."""
+    return jax.default_backend() == "cpu" and jax.device_count() == 1
+
+
+def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+    """``prim`` on concrete ``args`` by its host rule, or None where none applies."""
+    rule = HOST_RULES.get(prim)
+    if rule is None or not _on_one_cpu():
+        return None
+    host = []
+    for a in args:
+        dtype = getattr(a, "dtype", None)  # a Python scalar: its dtype is the aval's, not NumPy's
+        if dtype is None or dtype not in DTYPES or isinstance(a, _compat.Tracer):
+            return None
+        host.append(np.asarray(a))
+    if getattr(rule, "floats_only", False) and any(a.dtype not in FLOATS for a in host):
+        return None
+    out = rule(*host, **params)
+    if out is None:
+        return None
+    return [np.asarray(o) for o in out] if prim.multiple_results else np.asarray(out)
+
+
+def to_jax(x: Any) -> Any:
+    """``x``, a host rule's NumPy result made a ``jax.Array`` (for a trace
+    that stages it: JAX takes no NumPy constants there)."""
+    return jax.device_put(x) if isinstance(x, (np.ndarray, np.generic)) else x

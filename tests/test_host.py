@@ -1,0 +1,96 @@
+"""The host rules of the folding back end (pejit._host): JAX's bits, no compiles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from pejit import _batch, _compat, _host
+
+from .test_auto import _Compiles
+
+rng = np.random.default_rng(0)
+F = rng.standard_normal((3, 4)).astype(np.float32)
+G = rng.standard_normal((3, 4)).astype(np.float32)
+D = rng.standard_normal((3, 4))
+I = rng.integers(-5, 5, (3, 4)).astype(np.int32)
+B = F > 0
+
+#: one program per rule: (function, arguments)
+CASES = {
+    "add": (lax.add, (F, G)), "sub": (lax.sub, (F, G)), "mul": (lax.mul, (F, G)),
+    "max": (lax.max, (F, np.float32(np.nan) * G)), "min": (lax.min, (F, G)), "neg": (lax.neg, (F,)),
+    "abs": (lax.abs, (G,)), "eq": (lax.eq, (I, I.T.reshape(3, 4))), "lt": (lax.lt, (F, G)),
+    "ge": (lax.ge, (I, I * 0)), "and": (lax.bitwise_and, (B, G > 0)), "not": (lax.bitwise_not, (I,)),
+    "xor": (lax.bitwise_xor, (I, I + 1)), "select_n": (lax.select_n, (B, F, G)),
+    "select_n int": (lambda w, a, b, c: lax.select_n(w, a, b, c), (np.abs(I) % 3, F, G, F * 2)),
+    "convert f64": (lambda x: lax.convert_element_type(x, np.float32), (D,)),
+    "convert int": (lambda x: lax.convert_element_type(x, np.float32), (I,)),
+    "broadcast_in_dim": (lambda x: lax.broadcast_in_dim(x, (2, 3, 5, 4), (1, 3)), (F,)),
+    "reshape": (lambda x: lax.reshape(x.T, (2, 6)), (F,)), "transpose": (lambda x: lax.transpose(x, (1, 0)), (F,)),
+    "squeeze": (lambda x: lax.squeeze(x[:, :1], (1,)), (F,)), "concatenate": (lambda a, b: lax.concatenate([a, b], 1), (F, G)),
+    "slice": (lambda x: lax.slice(x, (0, 1), (3, 4), (2, 2)), (F,)), "rev": (lambda x: lax.rev(x, (0, 1)), (F,)),
+    "iota": (lambda: lax.broadcasted_iota(np.int32, (3, 4), 1), ()),
+    "dynamic_slice": (lambda x, i: lax.dynamic_slice(x, (i, np.int32(1)), (2, 3)), (F, np.int32(2))),  # clamped
+    "split": (lambda x: jnp.split(x, [1, 3], axis=1), (F,)),
+    "add_any": (lambda x, y: jax.jvp(lambda a: a * y, (x,), (x,))[1], (F, G)),
+}
+
+
+def _equations(fun, args):
+    closed = jax.make_jaxpr(fun)(*args)
+    env = dict(zip(closed.jaxpr.invars, args))
+    for e in closed.jaxpr.eqns:
+        ins = [env[a] if isinstance(a, _compat.Var) else a.val for a in e.invars]
+        want = e.primitive.bind(*[jnp.asarray(x) for x in ins], **e.params)
+        got = _host.evaluate(e.primitive, ins, e.params)
+        env.update(zip(e.outvars, want if e.primitive.multiple_results else [want]))
+        yield e, got, want
+
+
+def x64():
+    return (jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64)(True)  # public since 0.8
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_host_rule_gives_jax_s_bits(name):
+    fun, args = CASES[name]
+    ruled = 0
+    with x64():  # float64 operands stay float64
+        results = list(_equations(fun, args))
+    for e, got, want in results:
+        if got is None:
+            continue
+        ruled += 1
+        for g, w in zip(*((got, want) if e.primitive.multiple_results else ([got], [want]))):
+            assert isinstance(g, np.ndarray) and g.dtype == w.dtype and g.shape == w.shape, e
+            np.testing.assert_array_equal(g, np.asarray(w), strict=True)
+    assert ruled, f"no host rule applied to {name}"
+
+
+@pytest.mark.parametrize("fun, args", [
+    (lax.add, (I, I)),  # integer arithmetic: NumPy's overflow is not XLA's
+    (lambda x: lax.convert_element_type(x, np.int32), (F,)),  # float to int: NaN and overflow differ
+    (jnp.sin, (F,)), (jnp.dot, (F, G.T)), (jnp.sum, (F,)),  # XLA's kernels round otherwise
+    (lambda x: x / np.float32(3.0), (F,)),  # XLA multiplies by the reciprocal
+])
+def test_no_rule_where_numpy_could_differ(fun, args):
+    for e, got, _ in _equations(fun, args):
+        if e.primitive.name in ("add", "convert_element_type", "sin", "dot_general", "reduce_sum", "div"):
+            assert got is None, e
+
+
+def test_a_batch_of_moves_and_ieee_arithmetic_compiles_nothing():
+    def fold(a, b):
+        c = jnp.broadcast_to(a, (5, 3, 4)) * 2.0 + b
+        both = jnp.concatenate([c.transpose(0, 2, 1), -c.transpose(0, 2, 1)], axis=2)
+        return lax.slice(both, (0, 1, 0), (5, 4, 6), (1, 1, 2)) * 0.5
+
+    a, b = jnp.asarray(F), jnp.asarray(G)
+    closed = jax.make_jaxpr(fold)(a, b)
+    with _Compiles() as compiles:
+        (out,) = _batch.evaluate_jaxpr(closed, [a, b], backend="eager")
+    assert compiles.count == 0
+    with jax.disable_jit():  # JAX op by op: each primitive compiled alone, no fusion
+        np.testing.assert_array_equal(out, fold(a, b))
