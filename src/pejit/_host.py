@@ -155,7 +155,18 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     out = rule(*host, **params)
     if out is None:
         return None
-    return [np.asarray(o) for o in out] if prim.multiple_results else np.asarray(out)
+    return [_owned(o) for o in out] if prim.multiple_results else _owned(out)
+
+
+def _owned(x) -> np.ndarray:
+    """``x`` as an array of its own, as XLA's result would be: a view (a
+    transpose, a slice) would keep its whole source alive past the source's
+    last use and defeat the fold's liveness; a broadcast stays one (it holds
+    only its small source)."""
+    x = np.asarray(x)
+    if x.base is None or 0 in x.strides:
+        return x
+    return np.array(x, order="C")
 
 
 def to_jax(x: Any) -> Any:
