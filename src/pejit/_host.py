@@ -97,10 +97,11 @@ def _slice(x, *, start_indices, limit_indices, strides=None):
 
 
 def _dynamic_slice(x, *starts, slice_sizes):
-    # XLA clamps each start so that the slice stays inside the operand
-    index = tuple(slice(s, s + n) for s, n in
-                  ((min(max(int(s), 0), d - n), n) for s, d, n in zip(starts, x.shape, slice_sizes)))
-    return x[index]
+    index = []
+    for start, size, n in zip(starts, x.shape, slice_sizes):
+        start = min(max(int(start), 0), size - n)  # XLA clamps the slice into the operand
+        index.append(slice(start, start + n))
+    return x[tuple(index)]
 
 
 def _iota(*, dtype, shape, dimension, **_):

@@ -183,8 +183,8 @@ class Pejitted:
             memo = numpy_memo(layout, args, key, spec.call)
             if memo is not None:  # the next call with these arrays takes the hot path
                 self._caches.specializations.touch(key, spec, memo)
-        fixed = self.info.fixed_names
-        return spec.call(*layout.dynamic(args), **{k: v for k, v in kwargs.items() if k not in fixed})
+        dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
+        return spec.call(*dyn_args, **dyn_kwargs)
 
     def _fallback(self, e: TracedConstant, args, kwargs):
         what = _argument_name(e.args[0])
@@ -239,8 +239,12 @@ class Pejitted:
 
     def _specialized_call(self, args: tuple, kwargs: dict):
         spec, _, layout = self._lookup(args, kwargs)
+        return (spec, *self._dynamic(args, kwargs, layout))
+
+    def _dynamic(self, args: tuple, kwargs: dict, layout: Layout) -> tuple[tuple, dict]:
+        """The arguments of a call that its specialization takes."""
         fixed = self.info.fixed_names
-        return spec, layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
+        return layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 
     def _build(self, args: tuple, kwargs: dict, layout: Layout):
         """A new specialization for this call, and the constants it dies with."""

@@ -89,12 +89,12 @@ def unchanged(arrays: list[np.ndarray]) -> Callable[[], bool] | None:
     with a copy of their bytes, or a digest of them when large. The check
     holds the arrays, so whoever has it sees the same objects.
     """
-    watched = [(a, a.shape, a.dtype, _contents(a)) for a in arrays if not immutable(a)]
-    if not watched:
+    guarded = [(a, a.shape, a.dtype, _contents(a)) for a in arrays if not immutable(a)]
+    if not guarded:
         return None
 
     def check() -> bool:
-        for a, shape, dtype, contents in watched:
+        for a, shape, dtype, contents in guarded:
             if a.shape != shape or a.dtype != dtype or _contents(a) != contents:
                 return False
         return True
