@@ -44,3 +44,24 @@ class Counter:
     def __call__(self, *args, **kwargs):
         self.calls += 1
         return self.fun(*args, **kwargs)
+
+
+class Compiles:
+    """Counts XLA compilations (JAX's public monitoring events)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __enter__(self):
+        self.count, self.active = 0, True
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def _listen(self, event, duration, **kwargs):
+        if self.active and event == self.EVENT:
+            self.count += 1
+
+    def __exit__(self, *exc):
+        self.active = False
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+        if unregister is not None:  # public from JAX 0.8; before, the listener stays, inactive
+            unregister(self._listen)

@@ -13,7 +13,7 @@ import pytest
 
 from pejit import AutoCacheInfo, CacheInfo, FoldOptions, explain, pe, pejit
 
-from ._util import primitive_names
+from ._util import Compiles, primitive_names
 
 
 def loss(w, X):
@@ -346,27 +346,6 @@ def test_the_estimate_maps_keyword_arguments_by_name():
     assert f.decisions()["b"][0] == "promoted" and f.decisions()["a"][0] != "promoted"
     assert f.cache_info().misses == 1
 
-class _Compiles:
-    """Counts XLA compilations (JAX's public monitoring events)."""
-
-    EVENT = "/jax/core/compile/backend_compile_duration"
-
-    def __enter__(self):
-        self.count, self.active = 0, True
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
-        return self
-
-    def _listen(self, event, duration, **kwargs):
-        if self.active and event == self.EVENT:
-            self.count += 1
-
-    def __exit__(self, *exc):
-        self.active = False
-        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
-        if unregister is not None:  # public from JAX 0.8; before, the listener stays, inactive
-            unregister(self._listen)
-
-
 def test_a_small_fold_is_promoted_as_one_compiled_program():
     from pejit._auto import fold_plan
 
@@ -388,7 +367,7 @@ def test_a_small_fold_is_promoted_as_one_compiled_program():
         f = pejit(loss, constant_argnums="auto", auto_min_flops=0, fold_options=options)
         f(w[0], X)
         expected = explicit(w[1], X)
-        with _Compiles() as compiles:
+        with Compiles() as compiles:
             got = f(w[1], X)  # promoted here
         np.testing.assert_allclose(got, expected, rtol=1e-6)
         assert f.decisions()[1][0] == "promoted"
@@ -423,10 +402,11 @@ def ridge(w, X, y):
     return jnp.sum(z**2)
 
 
-def test_a_short_affine_region_is_collapsed_by_one_compiled_program():
+def test_a_short_affine_region_is_collapsed_without_a_compile_per_primitive():
     # solve_triangular(L, X.T @ (X @ w - y)) is affine in w: its matrix is
-    # built at promotion; op by op, that would compile each of the region's
-    # primitives (and their tangents and batches) separately
+    # built at promotion (on the host, or by one compiled program); op by op
+    # with JAX, that would compile each of the region's primitives (and
+    # their tangents and batches) separately
     rng = np.random.default_rng(7)
     X = jnp.asarray(rng.standard_normal((64, 24)), jnp.float32)
     y = jnp.asarray(rng.standard_normal(64), jnp.float32)
@@ -434,7 +414,7 @@ def test_a_short_affine_region_is_collapsed_by_one_compiled_program():
     jax.clear_caches()
     f = pejit(ridge, constant_argnums="auto", auto_min_flops=0)
     f(w[0], X, y)
-    with _Compiles() as compiles:
+    with Compiles() as compiles:
         got = f(w[1], X, y)  # promoted here
     assert f.decisions()[1][0] == "promoted"
     assert f.report(w[1], X, y).fold.collapsed, "the affine region was not collapsed"

@@ -8,7 +8,7 @@ from jax import lax
 
 from pejit import _batch, _compat, _host
 
-from .test_auto import _Compiles
+from ._util import Compiles
 
 rng = np.random.default_rng(0)
 F = rng.standard_normal((3, 4)).astype(np.float32)
@@ -89,7 +89,7 @@ def test_a_batch_of_moves_and_ieee_arithmetic_compiles_nothing():
 
     a, b = jnp.asarray(F), jnp.asarray(G)
     closed = jax.make_jaxpr(fold)(a, b)
-    with _Compiles() as compiles:
+    with Compiles() as compiles:
         (out,) = _batch.evaluate_jaxpr(closed, [a, b], backend="eager")
     assert compiles.count == 0
     with jax.disable_jit():  # JAX op by op: each primitive compiled alone, no fusion

@@ -320,7 +320,7 @@ def test_weak_types_as_jax_jit(case):
 
 def test_traces_and_compiles_as_jax_jit():
     """With nothing to fold, a call traces and compiles as jax.jit's does: once per new argument type."""
-    from .test_auto import _Compiles
+    from ._util import Compiles
 
     args = [(jnp.ones(3), jnp.ones(3)), (jnp.ones(3), jnp.full(3, 2.0)), (jnp.ones(4), jnp.ones(4)),
             (1.0, 2.0), (1.0, 3.0), (jnp.ones(3), jnp.ones(3))]
@@ -333,7 +333,7 @@ def test_traces_and_compiles_as_jax_jit():
             return jnp.sin(x) * y
 
         g = jit(f)
-        with _Compiles() as compiles:
+        with Compiles() as compiles:
             for a in args:
                 g(*a)
         counts.append((len(traces), compiles.count))

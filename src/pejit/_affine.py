@@ -42,9 +42,11 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+from jax.interpreters import mlir
+from jax.extend.core import Primitive
 from jax.extend.core import primitives as P
 
-from . import _batch, _compat
+from . import _batch, _compat, _linear
 from ._batch import nbytes
 from ._flops import eqn_flops
 from .rules.affine import ADDITIVE, affine_rules, register_affine_rule
@@ -299,6 +301,87 @@ def _sub_jaxpr(jaxpr, n_consts: int, region: _Region, kinds):
     return _compat.with_invars(sub, [*constvars, *region.sources]), constvars
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Build:
+    """How to build a region's matrices and offsets from the constants it reads.
+
+    Hashed by identity: it is the parameter of an :data:`affine_matrices_p`
+    equation.
+    """
+
+    sub: Any  # the region as a jaxpr: (constants it reads, its sources) -> its roots
+    region: _Region
+    batch: int  # unit vectors evaluated together
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        return np.cumsum([0, *map(_size, self.region.sources)])
+
+    def matrices(self, columns, offsets) -> list[Any]:
+        """``[M, c]`` per root, from its columns (one row per unit vector) and its value at zero."""
+        starts, sources, total = self.starts, self.region.sources, int(self.starts[-1])
+        out = []
+        for r, cols, c in zip(self.region.roots, columns, offsets):
+            picked = np.concatenate([np.arange(starts[k], starts[k + 1])
+                                     for k, s in enumerate(sources) if s in self.region.root_sources[r]])
+            m = cols.T if len(picked) == total else cols[picked].T
+            out.extend([m.astype(r.aval.dtype), c.astype(r.aval.dtype)])
+        return out
+
+    def out_avals(self) -> list[Any]:
+        out = []
+        for r in self.region.roots:
+            n_in = sum(map(_size, self.region.root_sources[r]))
+            out.extend([_compat.ShapedArray((_size(r), n_in), r.aval.dtype), _compat.ShapedArray(r.aval.shape, r.aval.dtype)])
+        return out
+
+    def on_host(self, consts) -> list[Any] | None:
+        """By the host rules of :mod:`pejit._linear`: nothing traced or compiled (None where they do not cover the region)."""
+        built = _linear.jacobian(self.sub, consts, self.region.sources, self.batch)
+        return None if built is None else self.matrices(*zip(*built))
+
+    def by_jvp(self, *consts, loop: bool = False) -> list[Any]:
+        """With ``jax.jvp`` along each unit vector, ``batch`` at a time: by ``vmap``, or ``lax.map`` if ``loop``."""
+        sources, starts = self.region.sources, self.starts
+        total = int(starts[-1])
+
+        def region_at(*xs):
+            return _compat.eval_jaxpr(self.sub, [], *consts, *xs)
+
+        zeros = [jax.numpy.zeros(s.aval.shape, s.aval.dtype) for s in sources]
+
+        def column(j):
+            unit = [(jax.numpy.arange(_size(s)) == j - start).astype(s.aval.dtype).reshape(s.aval.shape)
+                    for s, start in zip(sources, starts)]
+            return [t.reshape(-1) for t in jax.jvp(region_at, zeros, unit)[1]]
+
+        if loop:
+            columns = lax.map(column, jax.numpy.arange(total), batch_size=self.batch)
+        else:
+            chunks = [jax.vmap(column)(jax.numpy.arange(i, min(i + self.batch, total)))
+                      for i in range(0, total, self.batch)]
+            columns = [jax.numpy.concatenate(cs) if len(cs) > 1 else cs[0] for cs in zip(*chunks)]
+        return self.matrices(columns, region_at(*zeros))
+
+
+def _affine_matrices_impl(*consts, build: _Build):
+    built = build.on_host(consts)
+    return built if built is not None else jax.jit(functools.partial(build.by_jvp, loop=True))(*consts)
+
+
+#: A region's matrices and offsets as one equation of a folding program
+#: (abstract constants, the call-time form): evaluated on the host for the
+#: first value, compiled (by ``jax.jvp`` in a loop) when values change.
+affine_matrices_p = Primitive("affine_matrices")
+affine_matrices_p.multiple_results = True
+affine_matrices_p.def_impl(_affine_matrices_impl)
+affine_matrices_p.def_abstract_eval(lambda *avals, build: build.out_avals())
+mlir.register_lowering(
+    affine_matrices_p,
+    mlir.lower_fun(lambda *consts, build: build.by_jvp(*consts, loop=True), multiple_results=True),
+)
+
+
 def _jacobian(
     sub, consts: Sequence[Any], region: _Region, batch: int, staged: bool, backend: str
 ) -> list[tuple[Any, Any]]:
@@ -306,51 +389,28 @@ def _jacobian(
 
     ``c`` is the region at zero and the columns of ``M`` its derivative along
     each unit vector (exact for an affine map: no differencing), ``batch``
-    columns at a time. Concrete constants are evaluated op by op where
-    that is cheaper than compiling (a region of a thousand equations under
-    ``jvp`` takes seconds to compile; see :func:`_compile_pays`) or
-    ``backend`` (``FoldOptions.backend``) says so; ``staged`` ones (a
-    folding program) in one loop.
+    columns at a time. Concrete constants go to the host rules of
+    :mod:`pejit._linear` first; a region they do not cover is evaluated
+    with ``jax.jvp``, op by op where that is cheaper than compiling (a
+    region of a thousand equations under ``jvp`` takes seconds to compile;
+    see :func:`_compile_pays`) or ``backend`` (``FoldOptions.backend``) says
+    so. ``staged`` ones (a folding program) become one
+    :data:`affine_matrices_p` equation.
     """
-    sources = region.sources
-    sizes = [_size(s) for s in sources]
-    starts = np.cumsum([0, *sizes])
-    total = int(starts[-1])
-
-    def build(*consts):
-        def region_at(*xs):
-            return _compat.eval_jaxpr(sub, [], *consts, *xs)
-
-        zeros = [jax.numpy.zeros(s.aval.shape, s.aval.dtype) for s in sources]
-
-        def column(j):
-            unit = [(jax.numpy.arange(n) == j - start).astype(s.aval.dtype).reshape(s.aval.shape)
-                    for s, n, start in zip(sources, sizes, starts)]
-            return [t.reshape(-1) for t in jax.jvp(region_at, zeros, unit)[1]]
-
-        if staged:
-            columns = lax.map(column, jax.numpy.arange(total), batch_size=batch)
-        else:
-            chunks = [jax.vmap(column)(jax.numpy.arange(i, min(i + batch, total))) for i in range(0, total, batch)]
-            columns = [jax.numpy.concatenate(cs) if len(cs) > 1 else cs[0] for cs in zip(*chunks)]
-        out = []
-        for r, cols, c in zip(region.roots, columns, region_at(*zeros)):
-            picked = np.concatenate([np.arange(starts[k], starts[k + 1])
-                                     for k, s in enumerate(sources) if s in region.root_sources[r]])
-            m = cols.T if len(picked) == total else cols[picked].T
-            out.append((m.astype(r.aval.dtype), c.astype(r.aval.dtype)))
-        return out
-
+    build = _Build(sub, region, batch)
     if staged:
-        return build(*consts)
-    if backend == "compiled" or backend == "auto" and _compile_pays(sub):
-        return jax.jit(build)(*consts)
-    # Op by op, as a folding batch: the tangents and batches of the region's
-    # equations are traced once, then evaluated by the folding back end
-    # (where the host evaluates what it can: see pejit._host).
-    closed, shapes = jax.make_jaxpr(build, return_shape=True)(*consts)
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes),
-                                        _batch.evaluate_jaxpr(closed, consts, backend))
+        built = affine_matrices_p.bind(*consts, build=build)
+    elif backend != "compiled" and (built := build.on_host(consts)) is not None:
+        pass
+    elif backend == "compiled" or backend == "auto" and _compile_pays(sub):
+        built = jax.jit(build.by_jvp)(*consts)
+    else:
+        # Op by op, as a folding batch: the tangents and batches of the
+        # region's equations are traced once, then evaluated by the folding
+        # back end (where the host evaluates what it can: see pejit._host).
+        closed = jax.make_jaxpr(build.by_jvp)(*consts)
+        built = _batch.evaluate_jaxpr(closed, consts, backend)
+    return list(zip(built[::2], built[1::2]))
 
 
 def _compile_pays(sub) -> bool:

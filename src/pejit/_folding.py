@@ -38,7 +38,7 @@ from jax.extend.core import Primitive
 
 import time
 
-from . import _abstract, _batch, _compat, _flops, _progress, _values
+from . import _abstract, _batch, _compat, _flops, _host, _progress, _values
 from ._batch import nbytes
 from ._multihost import check_fetchable
 from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
@@ -337,8 +337,14 @@ class Folder:
         self.stats.flops += _flops.flops_of(prim, avals, out_avals, params)
         if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
-            # and a batch of one costs more than the dispatch.
-            return _abstract.evaluate(prim, args, params)
+            # and a batch of one costs more than the dispatch. The user's
+            # code holds them, so they are JAX's arrays, whoever computes them
+            # (and weakly typed ones stay JAX's: NumPy has no weak types).
+            host = not _abstract.any_abstract(args) and not any(getattr(a, "weak_type", False) for a in out_avals)
+            out = _host.evaluate(prim, args, params) if host else None
+            if out is None:
+                return _abstract.evaluate(prim, args, params)
+            return [_host.to_jax(o) for o in out] if prim.multiple_results else _host.to_jax(out)
         return self._record(trace, prim, args, params, lazy=False)
 
     def _evaluate_now(self, prim, args, params, error: Exception):

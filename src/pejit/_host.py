@@ -35,6 +35,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from . import _compat
+from ._primitives import called_jaxpr
 
 #: dtypes the rules take: NumPy's arithmetic on these is IEEE's (floats),
 #: or they are only moved and compared
@@ -134,16 +135,25 @@ if _compat.split_p is not None:
 
 
 @functools.lru_cache(maxsize=None)
-def _on_one_cpu() -> bool:
+def on_one_cpu() -> bool:
     """Whether JAX computes on one CPU device (else the rules never apply:
     their results would lose the device or the sharding the eager one has)."""
     return jax.default_backend() == "cpu" and jax.device_count() == 1
 
 
 def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
-    """``prim`` on concrete ``args`` by its host rule, or None where none applies."""
+    """``prim`` on concrete ``args`` by its host rule, or None where none applies.
+
+    A nested ``jax.jit`` call (``jnp.multiply`` is one) is evaluated
+    equation by equation when rules cover its whole body, as JAX's eager
+    mode would run it without the ``jit``: compiling it would cost more
+    than everything it computes.
+    """
+    body = called_jaxpr(prim, params)
+    if body is not None:
+        return _call(body, getattr(params.get("jaxpr") or params.get("call_jaxpr"), "consts", ()), args)
     rule = HOST_RULES.get(prim)
-    if rule is None or not _on_one_cpu():
+    if rule is None or not on_one_cpu():
         return None
     host = []
     for a in args:
@@ -157,6 +167,26 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     if out is None:
         return None
     return [_owned(o) for o in out] if prim.multiple_results else _owned(out)
+
+
+def _call(jaxpr, consts, args) -> list[Any] | None:
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(a):
+        return np.asarray(a.val, a.aval.dtype) if isinstance(a, _compat.Literal) else env[a]
+
+    last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
+    outputs = set(jaxpr.outvars)
+    for i, eqn in enumerate(jaxpr.eqns):
+        outs = evaluate(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
+        if outs is None:
+            return None
+        env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+        for a in eqn.invars:  # the body's intermediates are freed as the fold's are
+            if isinstance(a, _compat.Var) and last[a] == i and a not in outputs:
+                env.pop(a, None)
+    return [read(v) for v in jaxpr.outvars]
 
 
 def _owned(x) -> np.ndarray:

@@ -1,0 +1,97 @@
+"""The host rules that build an affine region's matrix (pejit._linear), against ``jax.jacfwd``."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from pejit import _compat, _linear, pejit
+
+from ._util import Compiles
+
+rng = np.random.default_rng(3)
+A = rng.standard_normal((6, 5)).astype(np.float32)
+B = rng.standard_normal((2, 3, 4)).astype(np.float32)
+V = rng.standard_normal(6).astype(np.float32)
+MASK = rng.standard_normal((2, 3, 4)) > 0
+
+
+@jax.custom_jvp
+def twice(x):
+    return 2 * x
+
+
+twice.defjvp(lambda p, t: (twice(p[0]), 2 * t[0]))
+
+# Each is affine in x of shape (2, 3, 4), and together they use every rule.
+AFFINE = {
+    "arithmetic": lambda x: -(x + B) * 3.0 - x / 2.0 + (B - x),
+    "dot_general": lambda x: jnp.einsum("ijk,ljk->il", x, B) + lax.dot_general(
+        x, B, (((2,), (2,)), ((0,), (0,)))).sum(),
+    "constant_left": lambda x: A.T @ x.reshape(4, 6).T,
+    "moves": lambda x: jnp.broadcast_to(x[:, None], (2, 5, 3, 4)).transpose(3, 1, 0, 2).reshape(4, 30)[::-1],
+    "slices": lambda x: lax.slice(x, (0, 1, 0), (2, 3, 4), (1, 1, 2)) + lax.squeeze(x[:1, :1, :2], (0, 1))[None, None],
+    "sums": lambda x: jnp.sum(x, axis=(0, 2))[:, None] + jnp.cumsum(x, axis=1)[1] + lax.cumsum(x, axis=2, reverse=True)[0],
+    "concatenate": lambda x: jnp.concatenate([x, B, x[::-1]], axis=1),
+    "pad": lambda x: lax.pad(x, 1.5, ((1, -1, 0), (0, 2, 1), (-2, 1, 2))),
+    "select": lambda x: jnp.where(MASK, x, B) + lax.select_n(jnp.asarray(MASK).astype(np.int32), B, x),
+    "dynamic": lambda x: lax.dynamic_update_slice(x, 2 * lax.dynamic_slice(x, (0, 1, 5), (1, 2, 2)), (1, 1, 2)),
+    "calls": lambda x: jax.jit(lambda y: twice(y) @ A[:4, :2])(x) - x[..., :2],
+    "scalars": lambda x: x.ravel() @ B.ravel() + x[0, 0, :1].reshape(()) * 2.0,
+    "split": lambda x: sum(jnp.split(x, [1, 3], axis=2)[i].sum(axis=2) for i in range(3)),
+}
+
+
+def _region(fun, x):
+    """``fun``'s jaxpr as a region: known constants first, then ``x``."""
+    closed = jax.make_jaxpr(fun)(x)
+    jaxpr, consts = _compat.open_jaxpr(closed)
+    return jaxpr, consts, jaxpr.invars[len(consts):]
+
+
+@pytest.mark.parametrize("name", sorted(AFFINE))
+def test_the_matrix_is_the_jacobian_and_nothing_compiles(name):
+    fun, x = AFFINE[name], jnp.asarray(rng.standard_normal((2, 3, 4)), jnp.float32)
+    jaxpr, consts, sources = _region(fun, x)
+    with Compiles() as compiles:
+        built = _linear.jacobian(jaxpr, consts, sources, batch=7)  # chunks of 7 of 24 unit vectors
+    assert built is not None, f"{name}: a primitive has no rule"
+    assert compiles.count == 0
+    (cols, c), = built
+    out = fun(x)
+    np.testing.assert_allclose(c, fun(jnp.zeros_like(x)), rtol=1e-6, atol=1e-6)
+    want = np.asarray(jax.jacfwd(fun)(x)).reshape(out.size, x.size)
+    np.testing.assert_allclose(cols.T, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cols.T @ np.asarray(x).ravel() + np.ravel(c), np.ravel(out), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fun", [
+    lambda x: jnp.sin(x),  # not affine: no rule
+    lambda x: x * x,  # a product of two varying values
+    lambda x: lax.pad(x, x[0, 0, 0], ((0, 0, 0),) * 3),  # padded by a varying value
+])
+def test_anything_else_is_left_to_jvp(fun):
+    x = jnp.ones((2, 3, 4))
+    jaxpr, consts, sources = _region(fun, x)
+    assert _linear.jacobian(jaxpr, consts, sources, batch=24) is None
+
+
+def test_the_call_time_form_stages_one_equation_and_compiles_it_for_new_values():
+    """The folding program holds the build as one equation: the host runs it for
+    the first value, the compiled program (``jax.jvp`` in a loop) for later ones."""
+    def chain(a, b, x):
+        return jnp.tanh(a @ (b @ x))
+
+    a, b = (rng.standard_normal((16, 16)) / 4 for _ in range(2))
+    x = jnp.asarray(rng.standard_normal(16), jnp.float32)
+    f = pejit(chain, constant_argnums=(0, 1))
+    for k in range(3):  # the second and third values run the compiled folding program
+        ak, bk = jnp.asarray(a + k, jnp.float32), jnp.asarray(b * (k + 1), jnp.float32)
+        want = np.tanh(np.float64(ak) @ (np.float64(bk) @ np.float64(x)))
+        np.testing.assert_allclose(f(ak, bk, x), want, rtol=2e-5, atol=2e-6)
+        spec = f.specialize(ak, bk, x)
+        assert [e.primitive.name for e in spec.residual.jaxpr.eqns] == ["dot_general", "tanh"]
+    folding = spec.program.folding_program
+    assert "affine_matrices" in [e.primitive.name for e in folding.traced.jaxpr.eqns]
+    assert folding.compiled is not None
