@@ -324,7 +324,7 @@ class Folder:
             return NotImplemented
         avals = [_compat.typeof(a) for a in args]
         try:
-            out_avals, effects = prim.abstract_eval(*avals, **params)
+            out_avals, effects = _compat.abstract_eval(prim, avals, params)
         except Exception as e:
             return self._evaluate_now(prim, args, params, e)
         out_avals = out_avals if prim.multiple_results else [out_avals]
