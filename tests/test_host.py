@@ -94,3 +94,19 @@ def test_a_batch_of_moves_and_ieee_arithmetic_compiles_nothing():
     assert compiles.count == 0
     with jax.disable_jit():  # JAX op by op: each primitive compiled alone, no fusion
         np.testing.assert_array_equal(out, fold(a, b))
+
+
+def test_a_nested_call_is_evaluated_op_by_op_when_rules_cover_its_body():
+    """``jnp.multiply`` and other ``jit``-wrapped functions: no compile of their own."""
+    covered = jax.jit(lambda a, b: jnp.where(a > 0, a * b - 1.0, -b))  # 1.0: a literal in the body
+    closed = jax.make_jaxpr(lambda a, b: covered(a, b))(F, G)
+    (call,) = closed.jaxpr.eqns
+    with Compiles() as compiles:
+        (got,) = _host.evaluate(call.primitive, [F, G], call.params)
+    assert compiles.count == 0
+    with jax.disable_jit():  # JAX's bits op by op (compiled whole, XLA contracts a * b - 1 into an FMA)
+        np.testing.assert_array_equal(got, covered(F, G))
+
+    uncovered = jax.make_jaxpr(lambda a: jax.jit(lambda y: jnp.sin(y) * 2.0)(a))(F)
+    (call,) = uncovered.jaxpr.eqns
+    assert _host.evaluate(call.primitive, [F], call.params) is None  # sin: JAX compiles the call
