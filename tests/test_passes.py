@@ -229,6 +229,34 @@ def test_nested_jit_closing_over_constants_is_specialized():
     assert not LAPACK & set(prims(jaxpr))
 
 
+def _mixed(c, x):
+    """A call like TFC's basis: known work on ``c`` and small expansions, then a product with ``x``."""
+    h = jnp.sin(c)[:, None] * jnp.arange(4.0) + jnp.cos(c)[:, None] ** 2  # known
+    wide = jnp.broadcast_to(c[:1], (256, 4))  # known, but an expansion that stays lazy
+    branch = lax.cond(c[0] > 0, jnp.exp, jnp.tanh, c)  # known, but left to the branches rule
+    return (h * 2.0) @ x + wide.sum() * branch
+
+
+def test_a_nested_call_folds_its_known_part_as_one_recipe(monkeypatch):
+    """The known equations of a call with mixed inputs are not traced one by one."""
+    from pejit._folding import Folder
+    from pejit.rules import calls
+
+    c, x = jnp.linspace(0.1, 1.0, 6), jnp.arange(4.0)
+    f = lambda c, x: jax.jit(_mixed)(c, x)  # noqa: E731
+    closed = jax.make_jaxpr(_mixed)(c, x)
+    part, rest, inputs = calls.known_part(closed, (True, False), Folder())
+    assert inputs == (0,)
+    assert {"sin", "cos", "mul", "integer_pow", "add"} <= set(prims(part)) and "dot_general" not in prims(part)
+    assert {"dot_general", "cond", "broadcast_in_dim"} <= set(prims(rest))  # rules and laziness decide there
+    seen, default = [], Folder.default
+    monkeypatch.setattr(Folder, "default", lambda self, trace, prim, *a: seen.append(prim.name) or default(self, trace, prim, *a))
+    jaxpr, report = assert_matches_jit(f, c, x)
+    assert "sin" not in seen and "cos" not in seen  # folded with the known part, not one by one
+    assert report.folded["sin"] == 1  # counted as folded all the same
+    assert prims(jaxpr) == ["dot_general", "add"]
+
+
 def test_checkpoint_keeps_its_body_folded_and_its_rule():
     f = lambda A, x: jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.linalg.inv(A) @ y))(x))  # noqa: E731
     jaxpr, _ = assert_matches_jit(f, A, X)

@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
+from jax.interpreters import mlir
 
 from . import _abstract, _compat, _host
 from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
@@ -279,6 +280,23 @@ def evaluate_jaxpr(
     outputs = [v for v in jaxpr.outvars if _is_var(v)]
     values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
+
+
+def _known_part_impl(*args, jaxpr):
+    return evaluate_jaxpr(jaxpr, args, "eager")
+
+
+#: Known equations of a nested call folded as one recipe (see
+#: ``pejit.rules.calls.fold_jit``): evaluated equation by equation, as
+#: folding them one by one would (the host rules where they apply, JAX's
+#: per-primitive dispatch elsewhere), staged as one equation into a folding
+#: program, and compiled as its body where a program is compiled.
+known_part_p = Primitive("known_part")
+known_part_p.multiple_results = True
+known_part_p.def_impl(_known_part_impl)
+known_part_p.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
+mlir.register_lowering(known_part_p, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
+                                                    multiple_results=True))
 
 
 def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:

@@ -347,6 +347,17 @@ class Folder:
             return [_host.to_jax(o) for o in out] if prim.multiple_results else _host.to_jax(out)
         return self._record(trace, prim, args, params, lazy=False)
 
+    def fold_part(self, trace, closed, args) -> list:
+        """Fold ``closed``, equations of a call on known ``args`` alone, as one recipe.
+
+        What :meth:`default` would do for each of them, at the cost of one
+        staged equation (see ``pejit.rules.calls.fold_jit``).
+        """
+        for e in closed.jaxpr.eqns:
+            self.stats.folded[label(e.primitive, e.params)] += 1
+        self.stats.flops += _flops.jaxpr_flops(closed.jaxpr)
+        return self._record(trace, _batch.known_part_p, args, {"jaxpr": closed}, lazy=False)
+
     def _evaluate_now(self, prim, args, params, error: Exception):
         """Evaluate ``prim`` at once, its abstract evaluation having failed.
 
@@ -491,8 +502,12 @@ class Folder:
             return any(self.is_lazy(a) for a in args)
         if prim not in EXPANSIONS:
             return False
-        if any(self.is_lazy(a) for a in args):
-            return True
+        return any(self.is_lazy(a) for a in args) or self.expands(prim, avals, out_avals)
+
+    def expands(self, prim, avals, out_avals) -> bool:
+        """Whether ``prim`` on known values that are not lazy is an expansion that stays lazy."""
+        if not self.options.rematerialize or prim not in EXPANSIONS:
+            return False
         in_bytes = sum(map(nbytes, avals))
         out_bytes = sum(map(nbytes, out_avals))
         opts = self.options

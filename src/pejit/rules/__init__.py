@@ -82,3 +82,9 @@ register_fold_rule(_compat.remat_p)(fold_checkpoint)
 register_fold_rule(P.scan_p)(fold_scan)
 register_fold_rule(P.while_p)(fold_while)
 register_fold_rule(P.dot_general_p, deferred=True)(fold_dot_general)
+
+# Rules that leave an equation whose inputs are all known (and not lazy) to
+# the default policy: such equations may be folded with a call's known part
+# (see calls.known_part). ``fold_cond`` inlines the known branch instead.
+for _rule in (fold_jit, fold_checkpoint, fold_scan, fold_while, fold_dot_general):
+    _rule.known_by_default = True

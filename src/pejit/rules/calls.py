@@ -6,8 +6,12 @@ them whole when all their inputs are known (``Folder.call_inputs``).
 
 from __future__ import annotations
 
+import weakref
+
+from jax.extend.core import ClosedJaxpr
+
 from .. import _compat
-from .._folding import Folder, replay
+from .._folding import Folder, fold_rules, replay
 from ._hoist import hoist
 
 
@@ -25,7 +29,76 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     closes_over_constants = bool(params["jaxpr"].consts)
     if not folder.options.calls or concrete or not (any(known) or closes_over_constants):
         return NotImplemented
-    return replay(trace, params["jaxpr"], args)
+    split = known_part(params["jaxpr"], tuple(k and not folder.is_lazy(a) for k, a in zip(known, args)), folder)
+    if split is None:
+        return replay(trace, params["jaxpr"], args)
+    part, rest, inputs = split
+    outs = folder.fold_part(trace, part, [args[i] for i in inputs])
+    return replay(trace, rest, [*args, *outs])
+
+
+#: known_part's results, per call body (JAX keeps one object per traced
+#: function and types) and pattern of known inputs
+_splits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: A known part shorter than this is replayed with the rest: one recipe
+#: for it would not pay for the split.
+MIN_PART = 3
+
+
+def known_part(closed, known: tuple[bool, ...], folder: Folder):
+    """Split a call's body: ``(part, rest, inputs)``, or None.
+
+    ``part`` is the equations the folding trace would fold one by one on
+    the known inputs (``inputs``, their positions), as one closed jaxpr;
+    ``rest`` takes the call's inputs and ``part``'s outputs. Replaying the
+    rest alone skips, per equation of ``part``, what the trace costs (TFC's
+    basis calls mix known grids with unknown coefficients: the known
+    equations were half of a PDE's fold).
+
+    An equation is in ``part`` when its inputs are, it has no effects, and
+    the trace would fold it by the default policy anyway: an expansion that
+    would stay lazy (``folder.expands``), ``cond`` (whose known branch is inlined) and
+    primitives with fold rules that act on known inputs stay in ``rest``,
+    where the trace decides as before. Lazy inputs count as unknown here.
+    """
+    per_body = _splits.setdefault(closed, {})
+    key = (known, folder.options)  # the expansions that stay lazy depend on the options
+    if key not in per_body:
+        per_body[key] = _split(closed, known, folder.expands)
+    return per_body[key]
+
+
+def _split(closed, known, expands):
+    jaxpr = closed.jaxpr
+    if jaxpr.effects:
+        return None
+    have = {v for v, k in zip(jaxpr.invars, known) if k} | set(jaxpr.constvars)
+    part, rest = [], []
+    for eqn in jaxpr.eqns:
+        inside = (not eqn.effects and _folded_whole(eqn.primitive)
+                  and all(isinstance(a, _compat.Literal) or a in have for a in eqn.invars)
+                  and not expands(eqn.primitive, [a.aval for a in eqn.invars], [v.aval for v in eqn.outvars]))
+        (part if inside else rest).append(eqn)
+        if inside:
+            have.update(eqn.outvars)
+    if len(part) < MIN_PART:
+        return None
+    read = {a for e in rest for a in e.invars if isinstance(a, _compat.Var)} | set(jaxpr.outvars)
+    produced = [v for e in part for v in e.outvars if v in read and not _compat.is_drop_var(v)]
+    inputs = [i for i, k in enumerate(known) if k]
+    part_jaxpr = _compat.with_outvars(
+        _compat.with_invars(jaxpr.replace(eqns=part), [jaxpr.invars[i] for i in inputs]), produced)
+    rest_jaxpr = _compat.with_invars(jaxpr.replace(eqns=rest), [*jaxpr.invars, *produced])
+    return ClosedJaxpr(part_jaxpr, closed.consts), ClosedJaxpr(rest_jaxpr, closed.consts), tuple(inputs)
+
+
+def _folded_whole(prim) -> bool:
+    """Whether the folding trace folds ``prim`` on known inputs by its default policy."""
+    if prim.name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+        return False
+    rule = fold_rules.get(prim)
+    return rule is None or getattr(rule, "known_by_default", False)
 
 
 def fold_checkpoint(folder: Folder, trace, prim, args, params):
