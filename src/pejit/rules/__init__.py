@@ -22,7 +22,9 @@ The passes, in one place:
   and folded; the ``cond`` stays.
 ``calls`` (:mod:`.calls`)
   A nested ``jax.jit`` call with some known inputs or closed-over constants
-  is specialized through (inlined), so the known work inside it folds. A
+  is specialized through (inlined), so the known work inside it folds: the
+  equations on known inputs alone as one recipe (``calls.known_part``), the
+  rest replayed equation by equation. A
   ``jax.checkpoint`` keeps its place (and its rematerialization policy for
   the dynamic inputs) with the known work inside it folded.
   ``custom_jvp``/``custom_vjp`` calls are folded when all their inputs are
