@@ -138,8 +138,9 @@ def test_kept_values_are_compact():
     a = jnp.asarray(np.arange(4096, dtype=np.float32))
 
     def f(x):
-        zeros = [a * 0.0 for _ in range(4)]  # uniform
-        sines = [jnp.sin(a) for _ in range(4)]  # equal
+        # four different folds each (the same fold twice is folded once)
+        zeros = [(a + float(i)) * 0.0 for i in range(4)]  # uniform
+        sines = [jnp.sin(a), jnp.sin(a * 1.0), jnp.sin(a + 0.0), jnp.sin(a - 0.0)]  # equal
         ys = [v * x for v in zeros + sines]  # each is used outside the next batch
         assert float(sum(z[0] for z in zeros) + sum(s[1] for s in sines)) > 0  # Python asks: a batch
         return sum(ys)
@@ -197,3 +198,25 @@ def test_progress_bar(monkeypatch):
     a, x = np.eye(8, dtype=np.float32), np.ones(8, np.float32)
     pejit(lambda a, x: many_constants(a, x, 3), constant_argnums=0, fold_options=FoldOptions(progress=True))(a, x)
     assert len(bars) == 1 and bars[0].n == bars[0].total > 0
+
+
+def test_the_same_known_work_is_folded_once():
+    """Known work met twice on the same inputs (TFC's derivatives evaluate each
+    basis derivative several times) is evaluated once, as XLA's CSE would."""
+    from jax.extend.core import Primitive
+
+    calls = []
+    basis_p = Primitive("test_basis")
+    basis_p.def_impl(lambda x, *, order: calls.append(order) or jnp.sin(x) * order)
+    basis_p.def_abstract_eval(lambda x, *, order: jax.core.ShapedArray(x.shape, x.dtype))
+
+    def f(grid, coef):
+        h = lambda order: basis_p.bind(grid, order=order)  # noqa: E731
+        return h(1) @ coef + h(2) @ coef + h(1) @ (2 * coef) + jnp.sum(h(1)) * coef
+
+    grid, coef = jnp.linspace(0.0, 1.0, 64).reshape(8, 8), jnp.arange(8.0)  # above TINY_BYTES: deferred
+    g = pejit(*(grid, coef), constant_arg_nums=[0])(f)  # the TFC form: concrete constants
+    want = np.sin(np.float64(grid))
+    np.testing.assert_allclose(g(coef), want @ coef + 2 * want @ coef + want @ (2 * coef) + want.sum() * coef,
+                               rtol=1e-5)
+    assert sorted(calls) == [1, 2]

@@ -379,7 +379,7 @@ def _structure(recipes, env, outputs):
         return ("in", index[key])
 
     structure = tuple(
-        (r.prim, _params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
+        (r.prim, params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
     )
     out_refs = tuple(ref(v) for v in outputs)
     avals = tuple((tuple(x.shape), str(x.dtype)) for x in inputs)
@@ -413,7 +413,7 @@ def _defined(outvars, values):
     return [(v, x) for v, x in zip(outvars, values) if v is not None]
 
 
-def _params_key(params: dict):
+def params_key(params: dict):
     return tuple(sorted(params.items()))
 
 

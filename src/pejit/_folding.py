@@ -291,6 +291,11 @@ class Folder:
         # what the batches hold on to: uniform values as a broadcast of one
         # element, equal ones once (see pejit._values)
         self._keep = _values.Compactor()
+        # folds already recorded, by primitive, parameters and inputs: the
+        # same known work met again (TFC's derivatives evaluate each basis
+        # function's derivative several times) is folded once, as XLA's
+        # common-subexpression elimination does under jax.jit
+        self._folds: dict[Any, tuple[Any, tuple]] = {}
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
@@ -479,6 +484,7 @@ class Folder:
                 if eqn.primitive not in FUSES_OPERANDS:
                     unfused.update(invars)
         needed.reverse()
+        self._folds.clear()  # the trace is over: nothing is folded again
         values = self._materialize(needed, final=True)
         kept.reverse()
         n = len(consts)
@@ -531,6 +537,9 @@ class Folder:
 
     # -- deferred evaluation ---------------------------------------------
     def _record(self, trace, prim, args, params, *, lazy: bool):
+        key = None if lazy else self._fold_key(prim, args, params)
+        if key in self._folds:
+            return self._folds[key][0]
         # A fold must be exactly one equation, which ``finalize`` drops by
         # its outputs; a lazy one stays in the residual program, staged as
         # JAX would stage it (custom rules inline some calls).
@@ -547,7 +556,26 @@ class Folder:
             recipe_args = tuple(self._var(a) or a for a in args)
             recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy)
             self._recipes.update((v, recipe) for v in outvars if v is not None)
+        if key is not None:
+            self._folds[key] = (outs, tuple(args))  # the inputs, kept alive: their ids are in the key
         return outs
+
+    def _fold_key(self, prim, args, params):
+        """What identifies a fold: its primitive, its parameters, and each input
+        (a deferred one by its variable, an array by identity, a Python
+        scalar by type and value). None if the parameters are unhashable."""
+        def arg_key(a):
+            var = self._var(a)
+            if var is not None:
+                return var
+            return (type(a), a) if isinstance(a, (bool, int, float, complex)) else id(a)
+
+        try:
+            key = (prim, _batch.params_key(params), tuple(map(arg_key, args)))
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     def _materialize(self, targets: Sequence[Any], final: bool = False) -> list[Any]:
         """Values of recipe variables ``targets``, evaluating one batch.
