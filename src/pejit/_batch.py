@@ -169,10 +169,7 @@ def one_program_pays(eqns: Sequence[Any]) -> bool:
     program; long folds of few distinct ones (an unrolled loop) lose.
     """
     eqns = list(eqns)
-    distinct = {
-        (e.primitive.name, tuple(str(v.aval) for v in e.invars), tuple(str(v.aval) for v in e.outvars))
-        for e in eqns
-    }
+    distinct = {(e.primitive.name, tuple(v.aval for v in e.invars), tuple(v.aval for v in e.outvars)) for e in eqns}
     one_program = COMPILE_SECONDS + sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
     return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
 
