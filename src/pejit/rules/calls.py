@@ -19,10 +19,12 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     """Specialize through a nested ``jax.jit`` that has some known inputs.
 
     A call with only concrete inputs is left to the default policy, which
-    runs it as one compiled program; a call with only unknown inputs and no
-    closed-over constants has nothing to fold and stays a call. ``jax.numpy``
-    functions are such calls, so a lazy expansion entering one is replayed
-    too, to stay lazy.
+    runs it as one compiled program (or op by op, see ``pejit._host``); a
+    call with only unknown inputs and no closed-over constants has nothing
+    to fold and stays a call. ``jax.numpy`` functions are such calls, so a
+    lazy expansion entering one is replayed too, to stay lazy. Otherwise
+    the body's equations on known inputs alone fold as one recipe
+    (:func:`known_part`) and the rest is replayed.
     """
     known = [folder.is_known(a) for a in args]
     concrete = all(k and not folder.is_lazy(a) for k, a in zip(known, args))
@@ -58,9 +60,10 @@ def known_part(closed, known: tuple[bool, ...], folder: Folder):
 
     An equation is in ``part`` when its inputs are, it has no effects, and
     the trace would fold it by the default policy anyway: an expansion that
-    would stay lazy (``folder.expands``), ``cond`` (whose known branch is inlined) and
-    primitives with fold rules that act on known inputs stay in ``rest``,
-    where the trace decides as before. Lazy inputs count as unknown here.
+    would stay lazy (``folder.expands``), ``cond`` (whose known branch is
+    inlined) and primitives with fold rules that act on known inputs stay
+    in ``rest``, where the trace decides as before. Lazy inputs count as
+    unknown here.
     """
     per_body = _splits.setdefault(closed, {})
     key = (known, folder.options)  # the expansions that stay lazy depend on the options
