@@ -237,3 +237,21 @@ def test_a_large_expansion_is_not_stored():
     x = np.ones(256, np.float32)
     assert f.specialize(a, x).residual.report.folded_bytes == 256 * 256 * 4  # 256 KiB, not 16 MiB
     np.testing.assert_allclose(f(a, x)[17], np.linalg.inv(np.float64(a)) @ x, rtol=1e-4, atol=1e-5)
+
+
+def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
+    """A region over ``BUILD_FLOPS`` still collapses where the host builds its matrix
+    (concrete constants, rules for every equation), not where ``jvp`` would."""
+    from pejit import _affine
+
+    monkeypatch.setattr(_affine, "BUILD_FLOPS", 0.0)
+    closed = jax.make_jaxpr(chain)(C1, C2, C3, X)
+    known = {0: C1, 1: C2, 2: C3}
+    host = specialize_jaxpr(closed, known)
+    assert prims(host.jaxpr) == ["dot_general"] and host.report.collapsed
+    compiled = specialize_jaxpr(closed, known, FoldOptions(backend="compiled"))
+    assert prims(compiled.jaxpr) == ["dot_general"] * 3 and not compiled.report.collapsed
+    want = np.float64(C1) @ (np.float64(C2) @ (np.float64(C3) @ np.float64(X)))
+    for spec in (host, compiled):
+        (got,) = jax.extend.core.jaxpr_as_fun(spec.jaxpr)(X)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)

@@ -65,6 +65,12 @@ PAYS = 0.75
 #: the ``inv`` and ``cholesky`` of a 1000x1000 matrix.
 BUILD_FLOPS = 8e9
 
+#: The same for a matrix the host builds (``pejit._linear``: NumPy's BLAS,
+#: nothing compiled, concrete constants): TFC's full-size WaveEquation2D
+#: region (651 inputs, 2.8e8 estimated FLOPs per call: 1.8e11 to build)
+#: builds in about a second, and its residual then runs 60 times faster.
+HOST_BUILD_FLOPS = 1e12
+
 #: Memory the fold-time Jacobian may use at once (the region is evaluated
 #: on this many basis vectors together).
 BUILD_BYTES = 256 * 2**20
@@ -461,18 +467,22 @@ def collapse(
     A region is collapsed when its matrices and offsets take at most
     ``max_bytes``, applying them costs at most `PAYS` of the region per
     call (so never when its dynamic inputs are large: the matrix grows with
-    them), and building them at most `BUILD_FLOPS`. Returns the new jaxpr (open, with its constants) and what
-    was collapsed; dead equations and constants are left for
+    them), and building them at most `BUILD_FLOPS` (`HOST_BUILD_FLOPS` when
+    the host builds them). Returns the new jaxpr (open, with its constants)
+    and what was collapsed; dead equations and constants are left for
     ``_compat.prune``.
     """
     n = len(consts)
     kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
     shifted = offsets(jaxpr, kinds)
+    staged = any(isinstance(c, _compat.Tracer) for c in consts)
     chosen = []
     for region in _regions(jaxpr, kinds):
         before, flops, after_flops, stored = _costs(jaxpr, region, kinds, shifted)
         inputs = sum(map(_size, region.sources))
-        if stored <= max_bytes and after_flops + stored <= PAYS * before and inputs * flops <= BUILD_FLOPS:
+        on_host = not staged and backend != "compiled" and _linear.covers(jaxpr.eqns[i] for i in region.eqns)
+        budget = HOST_BUILD_FLOPS if on_host else BUILD_FLOPS
+        if stored <= max_bytes and after_flops + stored <= PAYS * before and inputs * flops <= budget:
             chosen.append((region, Collapse(
                 len(region.eqns), inputs, sum(map(_size, region.roots)),
                 flops, after_flops, stored,
@@ -482,7 +492,6 @@ def collapse(
     subs = [_sub_jaxpr(jaxpr, n, region, kinds) for region, _ in chosen]
     index = {v: i for i, v in enumerate(jaxpr.invars[:n])}
     batches = [max(1, min(c.inputs, BUILD_BYTES // max(1, _peak_bytes(sub, kinds)))) for (sub, _), (_, c) in zip(subs, chosen)]
-    staged = any(isinstance(c, _compat.Tracer) for c in consts)
     built = [_jacobian(sub, [consts[index[v]] for v in constvars], region, batch, staged, backend)
              for (sub, constvars), (region, _), batch in zip(subs, chosen, batches)]
     producer = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}

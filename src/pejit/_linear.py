@@ -314,6 +314,17 @@ def _linear(eqn, vals, tans) -> tuple[list, list]:
     return [out], [tan]
 
 
+def covers(eqns) -> bool:
+    """Whether the rules here cover these equations of a region (on one CPU device)."""
+    def covered(eqn) -> bool:
+        if eqn.primitive in _CALLS:
+            body, _ = _body(eqn.params)
+            return all(map(covered, body.eqns))
+        return eqn.primitive in LINEAR_RULES
+
+    return _host.on_one_cpu() and all(map(covered, eqns))
+
+
 def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> list[tuple[Any, Any]] | None:
     """``(columns, c)`` per output of ``sub``: the output is ``columns.T @ concat(sources, flattened) + c``.
 
