@@ -480,9 +480,12 @@ def collapse(
     for region in _regions(jaxpr, kinds):
         before, flops, after_flops, stored = _costs(jaxpr, region, kinds, shifted)
         inputs = sum(map(_size, region.sources))
-        on_host = not staged and backend != "compiled" and _linear.covers(jaxpr.eqns[i] for i in region.eqns)
-        budget = HOST_BUILD_FLOPS if on_host else BUILD_FLOPS
-        if stored <= max_bytes and after_flops + stored <= PAYS * before and inputs * flops <= budget:
+        build = inputs * flops
+        affordable = build <= BUILD_FLOPS or (  # or the host builds it (nothing compiled)
+            build <= HOST_BUILD_FLOPS and not staged and backend != "compiled"
+            and _linear.covers(jaxpr.eqns[i] for i in region.eqns)
+        )
+        if stored <= max_bytes and after_flops + stored <= PAYS * before and affordable:
             chosen.append((region, Collapse(
                 len(region.eqns), inputs, sum(map(_size, region.roots)),
                 flops, after_flops, stored,

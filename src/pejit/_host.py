@@ -35,7 +35,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from . import _compat
-from ._primitives import called_jaxpr
+from ._primitives import CALLS, call_body
 
 #: dtypes the rules take: NumPy's arithmetic on these is IEEE's (floats),
 #: or they are only moved and compared
@@ -149,9 +149,8 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     mode would run it without the ``jit``: compiling it would cost more
     than everything it computes.
     """
-    body = called_jaxpr(prim, params)
-    if body is not None:
-        return _call(body, getattr(params.get("jaxpr") or params.get("call_jaxpr"), "consts", ()), args)
+    if prim.name in CALLS:
+        return _call(*call_body(params), args)
     rule = HOST_RULES.get(prim)
     if rule is None or not on_one_cpu():
         return None

@@ -33,6 +33,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from . import _compat, _host
+from ._primitives import call_body
 
 LinearRule = Callable[..., Any]
 LINEAR_RULES: dict[Any, LinearRule] = {}
@@ -237,11 +238,6 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
     return out
 
 
-def _body(params):
-    body = params.get("jaxpr") or params.get("call_jaxpr")
-    return getattr(body, "jaxpr", body), getattr(body, "consts", ())
-
-
 _CALLS = frozenset([_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p])
 
 
@@ -258,7 +254,7 @@ def _run(jaxpr, consts, values, tangents) -> tuple[list, list]:
     for i, eqn in enumerate(jaxpr.eqns):
         vals, tans = zip(*map(read, eqn.invars)) if eqn.invars else ((), ())
         if eqn.primitive in _CALLS and any(t is not None for t in tans):
-            body, body_consts = _body(eqn.params)
+            body, body_consts = call_body(eqn.params)
             outs, out_tans = _run(body, body_consts, vals, tans)
         elif all(t is None for t in tans):
             outs, out_tans = _evaluate(eqn, vals), [None] * len(eqn.outvars)
@@ -318,7 +314,7 @@ def covers(eqns) -> bool:
     """Whether the rules here cover these equations of a region (on one CPU device)."""
     def covered(eqn) -> bool:
         if eqn.primitive in _CALLS:
-            body, _ = _body(eqn.params)
+            body, _ = call_body(eqn.params)
             return all(map(covered, body.eqns))
         return eqn.primitive in LINEAR_RULES
 

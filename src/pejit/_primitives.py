@@ -72,7 +72,10 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part"])
 
 def called_jaxpr(prim, params: dict):
     """The (open) jaxpr a call-like primitive of :data:`CALLS` runs; None for others."""
-    if prim.name not in CALLS:
-        return None
-    jaxpr = params.get("jaxpr") or params.get("call_jaxpr")
-    return getattr(jaxpr, "jaxpr", jaxpr)
+    return call_body(params)[0] if prim.name in CALLS else None
+
+
+def call_body(params: dict) -> tuple:
+    """``(jaxpr, consts)`` of the body a call's ``params`` hold (``jaxpr`` or ``call_jaxpr``)."""
+    body = params.get("jaxpr") or params.get("call_jaxpr")
+    return getattr(body, "jaxpr", body), getattr(body, "consts", ())
