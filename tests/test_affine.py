@@ -53,11 +53,49 @@ def test_a_sub_region_collapses_and_the_nonlinear_rest_stays():
         return jnp.sum(jnp.tanh(a @ (b @ x) + c @ x - 1.0) ** 2)
 
     for residual, got in both_forms(f, (C1, C2, C3), X):
-        # one product and its offset (uniform: a broadcast literal), then tanh, square, sum
-        kept = [p for p in prims(residual.jaxpr) if p != "broadcast_in_dim"]
-        assert kept == ["dot_general", "add", "tanh", "integer_pow", "reduce_sum"]
+        # one product; the literal's subtraction stays (an offset array would be read
+        # per call instead of a literal), then tanh, square, sum
+        assert prims(residual.jaxpr) == ["dot_general", "sub", "tanh", "integer_pow", "reduce_sum"]
         inner = np.float64(C1) @ np.float64(C2) + np.float64(C3)
         np.testing.assert_allclose(got, np.sum(np.tanh(inner @ X - 1.0) ** 2), rtol=1e-5)
+
+
+def test_a_wide_affine_value_is_computed_from_narrow_collapsed_ones():
+    # TFC's nonlinear ODE: the Jacobian J = A2 + y' A0 + y A1 (rows scaled by
+    # y = A0 x, y' = A1 x) is affine in x too, but a matrix for J would hold
+    # 100 * 29 rows; y, y' and the residual's A2 x + y y' take 100 rows each
+    H, Hd, Hdd, H0, H1 = (rng.standard_normal((100, 29)).astype(np.float32) for _ in range(5))
+    t = np.linspace(0.0, 1.0, 100, dtype=np.float32)
+    x = rng.standard_normal(29).astype(np.float32)
+
+    def step(h, hd, hdd, h0, h1, t, x):
+        y = h @ x - (1 - t) * (h0 @ x) - t * (h1 @ x)  # TFC's constrained expression
+        yd = hd @ x + (h0 @ x) - (h1 @ x)
+        J = hdd + yd[:, None] * h + y[:, None] * hd
+        return jnp.tanh(J), hdd @ x + y * yd
+
+    h, hd, hdd, h0, h1, t64, x64 = map(np.float64, (H, Hd, Hdd, H0, H1, t, x))
+    y = h @ x64 - (1 - t64) * (h0 @ x64) - t64 * (h1 @ x64)
+    yd = hd @ x64 + h0 @ x64 - h1 @ x64
+    for residual, (got_J, got_L) in both_forms(step, (H, Hd, Hdd, H0, H1, t), x):
+        (c,) = residual.report.collapsed
+        assert (c.inputs, c.outputs) == (29, 200)  # y and y'
+        assert max(k.size for k in residual.consts) == 100 * 29  # no 2900 x 29 matrix
+        assert prims(residual).count("dot_general") == 3  # y, y' and hdd @ x
+        np.testing.assert_allclose(got_J, np.tanh(hdd + yd[:, None] * h + y[:, None] * hd), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got_L, hdd @ x64 + y * yd, rtol=1e-4, atol=1e-4)
+
+
+def test_a_repeated_primal_is_computed_once():
+    # jacfwd(L) and L both compute A @ x; with the copies merged, the
+    # collapse sees one product read twice, and adds none
+    def f(a, x):
+        return jnp.tanh(a @ x) * (a @ x)
+
+    for residual, got in both_forms(f, (C1,), X):
+        assert prims(residual) == ["dot_general", "tanh", "mul"]
+        y = np.float64(C1) @ np.float64(X)
+        np.testing.assert_allclose(got, np.tanh(y) * y, rtol=1e-5, atol=1e-6)
 
 
 def test_data_movement_and_known_indices_are_affine():

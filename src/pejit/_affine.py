@@ -71,6 +71,12 @@ BUILD_FLOPS = 8e9
 #: builds in about a second, and its residual then runs 60 times faster.
 HOST_BUILD_FLOPS = 1e12
 
+#: The fixed cost per call of one more kernel, in the cost model's units
+#: (FLOPs, bytes read): on a CPU, XLA runs each product as a kernel of its
+#: own, for a microsecond or two (measured on TFC's ODE: a 100x29 float64
+#: matrix-vector product costs about as much again to launch as to compute).
+KERNEL = 5000.0
+
 #: Memory the fold-time Jacobian may use at once (the region is evaluated
 #: on this many basis vectors together).
 BUILD_BYTES = 256 * 2**20
@@ -219,6 +225,7 @@ class _Region:
     roots: list[Any]  # its values that the rest of the program reads
     sources: list[Any]  # the varying values it reads
     root_sources: dict[Any, list[Any]]  # per root, the sources it depends on
+    deps: dict[Any, frozenset] = dataclasses.field(default_factory=dict)  # per value, its sources
 
 
 def _regions(jaxpr, kinds: dict[Any, str]) -> list[_Region]:
@@ -261,6 +268,7 @@ def _regions(jaxpr, kinds: dict[Any, str]) -> list[_Region]:
     for region in regions.values():
         region.root_sources = {r: sorted(deps[r], key=order.__getitem__) for r in region.roots}
         region.sources = sorted(set().union(*region.root_sources.values()), key=order.__getitem__)
+        region.deps = {v: deps[v] for i in region.eqns for v in eqns[i].outvars if v in deps}
     return [r for r in regions.values() if r.roots]
 
 
@@ -268,23 +276,102 @@ def _size(v) -> int:
     return math.prod(v.aval.shape)
 
 
-def _costs(jaxpr, region: _Region, kinds, shifted: set[Any]) -> tuple[float, float, float, int]:
-    """``(cost before, FLOPs before, FLOPs after, bytes stored)`` of collapsing ``region``.
+def _matrix_cost(v, n_in: int, shifted: set[Any]) -> tuple[float, int]:
+    """``(FLOPs per call, bytes stored)`` of computing ``v`` as ``M @ sources + c``."""
+    n_out = _size(v)
+    offset = n_out if v in shifted else 0
+    return 2 * n_out * n_in + offset, (n_out * n_in + offset) * np.dtype(v.aval.dtype).itemsize
 
-    Cost per call is FLOPs plus bytes of known operands read (a matrix-vector
-    product is bound by reading its matrix).
+
+def _eqn_cost(eqn, kinds) -> float:
+    """Per-call cost of an equation: FLOPs plus bytes of known operands read
+    (a matrix-vector product is bound by reading its matrix), plus `KERNEL`
+    for a product (XLA fuses elementwise equations and data movement into
+    their consumers, but runs each product as a kernel of its own)."""
+    read = sum(nbytes(a.aval) for a in eqn.invars if isinstance(a, _compat.Var) and kinds[a] == CONST)
+    return eqn_flops(eqn) + read + (KERNEL if eqn.primitive is P.dot_general_p else 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Which values of a region to replace by matrices (``region.roots``), and at what cost per call."""
+
+    region: _Region  # narrowed to what computes the chosen values
+    removed: int  # equations no longer computed
+    before: float  # their cost
+    after: float  # the matrices' cost
+    flops_before: float
+    flops_after: float
+    stored: int
+
+
+def _plan(jaxpr, region: _Region, kinds, shifted: set[Any]) -> _Plan:
+    """The cheapest values of ``region`` to compute as matrix products.
+
+    Collapsing the values the rest of the program reads is not always the
+    cheapest cut: TFC's nonlinear ODE reads ``y``, ``y'`` (100 values each)
+    and the Jacobian ``J = A2 + diag(y') A0 + diag(y) A1`` (2900 values,
+    affine in 29 unknowns too). A matrix for ``J`` costs 84,000 elements;
+    matrices for ``y`` and ``y'`` (2,900 each), with the elementwise
+    equations from them to ``J`` kept, cost far less. So each value is
+    costed both ways, in program order: as a matrix product, or as its
+    equation on its inputs' cheapest forms (a tree estimate, which counts a
+    shared input once per use); the cut is then read off from the values
+    the program reads, and costed exactly (an equation once), against
+    collapsing those values alone.
     """
-    eqns = [jaxpr.eqns[i] for i in region.eqns]
-    flops = sum(map(eqn_flops, eqns))
-    known = {a for e in eqns for a in e.invars if isinstance(a, _compat.Var) and kinds[a] == CONST}
-    before = flops + sum(nbytes(a.aval) for a in known)
-    after_flops, stored = 0.0, 0
-    for r, srcs in region.root_sources.items():
-        n_in, n_out = sum(map(_size, srcs)), _size(r)
-        offset = n_out if r in shifted else 0
-        after_flops += 2 * n_out * n_in + offset
-        stored += (n_out * n_in + offset) * np.dtype(r.aval.dtype).itemsize
-    return before, flops, after_flops, stored
+    producer = {v: i for i in region.eqns for v in jaxpr.eqns[i].outvars}
+    n_in = {v: sum(map(_size, srcs)) for v, srcs in region.deps.items()}
+
+    def as_matrix(v) -> float:
+        flops, stored = _matrix_cost(v, n_in[v], shifted)
+        return flops + stored + KERNEL
+
+    best: dict[Any, float] = {}
+    matrix: set[Any] = set()
+    for i in region.eqns:
+        eqn = jaxpr.eqns[i]
+        computed = _eqn_cost(eqn, kinds) + sum(best[a] for a in eqn.invars if isinstance(a, _compat.Var) and a in producer)
+        for v in eqn.outvars:
+            if v in n_in and as_matrix(v) < computed:
+                matrix.add(v)
+            best[v] = min(computed, as_matrix(v)) if v in n_in else computed
+    cut, kept, stack, seen = [], set(), list(region.roots), set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in matrix:
+            cut.append(v)
+        elif producer[v] not in kept:
+            kept.add(producer[v])
+            stack.extend(a for a in jaxpr.eqns[producer[v]].invars if isinstance(a, _compat.Var) and a in producer)
+    cost = {i: _eqn_cost(jaxpr.eqns[i], kinds) for i in region.eqns}
+    if not cut or sum(map(as_matrix, region.roots)) <= sum(map(as_matrix, cut)) + sum(cost[i] for i in kept):
+        cut, kept = region.roots, set()
+    removed = [i for i in region.eqns if i not in kept]
+    if cut is not region.roots:
+        cut = sorted(cut, key=lambda v: producer[v])
+        inside, stack = set(), [producer[v] for v in cut]
+        while stack:
+            i = stack.pop()
+            if i not in inside:
+                inside.add(i)
+                stack.extend(producer[a] for a in jaxpr.eqns[i].invars if isinstance(a, _compat.Var) and a in producer)
+        rank = {v: k for k, v in enumerate([*jaxpr.invars, *(v for e in jaxpr.eqns for v in e.outvars)])}
+        root_sources = {v: sorted(region.deps[v], key=rank.__getitem__) for v in cut}
+        sources = sorted(set().union(*root_sources.values()), key=rank.__getitem__)
+        region = _Region(sorted(inside), cut, sources, root_sources, region.deps)
+    matrices = [_matrix_cost(v, n_in[v], shifted) for v in cut]
+    return _Plan(
+        region, len(removed),
+        before=sum(cost[i] for i in removed),
+        after=sum(map(as_matrix, cut)),
+        flops_before=sum(eqn_flops(jaxpr.eqns[i]) for i in removed),
+        flops_after=sum(f for f, _ in matrices),
+        stored=sum(b for _, b in matrices),
+    )
 
 
 def _sub_jaxpr(jaxpr, n_consts: int, region: _Region, kinds):
@@ -477,18 +564,18 @@ def collapse(
     shifted = offsets(jaxpr, kinds)
     staged = any(isinstance(c, _compat.Tracer) for c in consts)
     chosen = []
-    for region in _regions(jaxpr, kinds):
-        before, flops, after_flops, stored = _costs(jaxpr, region, kinds, shifted)
+    for plan in (_plan(jaxpr, region, kinds, shifted) for region in _regions(jaxpr, kinds)):
+        region = plan.region
         inputs = sum(map(_size, region.sources))
-        build = inputs * flops
+        build = inputs * sum(eqn_flops(jaxpr.eqns[i]) for i in region.eqns)
         affordable = build <= BUILD_FLOPS or (  # or the host builds it (nothing compiled)
             build <= HOST_BUILD_FLOPS and not staged and backend != "compiled"
             and _linear.covers(jaxpr.eqns[i] for i in region.eqns)
         )
-        if stored <= max_bytes and after_flops + stored <= PAYS * before and affordable:
+        if plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
             chosen.append((region, Collapse(
-                len(region.eqns), inputs, sum(map(_size, region.roots)),
-                flops, after_flops, stored,
+                plan.removed, inputs, sum(map(_size, region.roots)),
+                plan.flops_before, plan.flops_after, plan.stored,
             )))
     if not chosen:
         return jaxpr, list(consts), []

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from . import _affine, _compat, rules  # noqa: F401  (registers the built-in fold rules)
+from . import _affine, _compat, _cse, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
 from ._primitives import FUSES_OPERANDS
@@ -100,6 +100,7 @@ def fold(
         folder = Folder(options, progress)
         jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
+    jaxpr = _cse.eliminate(jaxpr)  # so that the collapse costs a shared primal once
     if options.affine:
         jaxpr, consts, collapsed = _affine.collapse(jaxpr, consts, options.affine_max_bytes, options.backend)
         if collapsed:
@@ -108,8 +109,8 @@ def fold(
     if options.literals:
         jaxpr, consts = _inline_scalars(jaxpr, consts)
         plan = share_constants(jaxpr, consts)
-        if plan is not None:
-            jaxpr, consts = plan.jaxpr, plan.select(consts)
+        if plan is not None:  # equal constants are one now, so are the products on them
+            jaxpr, consts = _cse.eliminate(plan.jaxpr), plan.select(consts)
     consts = [to_device(c) for c in consts]
     # Folding is only done when its results are: wait for the concrete ones,
     # all at once. Abstract constants (tracers of a folding program being
