@@ -168,7 +168,7 @@ def one_program_pays(eqns: Sequence[Any]) -> bool:
     distinct operations, as ``cholesky(X.T @ X + lam * I)``, win by one
     program; long folds of few distinct ones (an unrolled loop) lose.
     """
-    eqns = list(eqns)
+    eqns = flat_eqns(eqns)
     distinct = {(e.primitive.name, tuple(v.aval for v in e.invars), tuple(v.aval for v in e.outvars)) for e in eqns}
     one_program = COMPILE_SECONDS + sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
     return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
@@ -224,18 +224,20 @@ def run_batch(
                 define(zip(out, _run_compiled(seg.recipes, env, out)))
                 _release(env, uses, [a for r in seg.recipes for a in r.args])
                 tick(len(seg.recipes))
+            elif seg.backend == "program":
+                produced = [v for r in seg.recipes for v in r.outvars if v is not None]
+                inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
+                out = [v for v in produced if v in wanted or uses[v] > inside[v]]
+                define(zip(out, _stage(seg.recipes, env, out)))
+                _release(env, uses, [a for r in seg.recipes for a in r.args])
+                tick(len(seg.recipes))
             else:
-                outer = None
-                if seg.backend == "program":
-                    outer = _abstract.outer_trace(env.get(a) if _is_var(a) else a for r in seg.recipes for a in r.args)
                 for r in seg.recipes:
                     args = [env[a] if _is_var(a) else a for a in r.args]
-                    if outer is None:  # on the host where a rule gives XLA's bits (no compile)
-                        outs = _host.evaluate(r.prim, args, r.params)
-                    else:  # a program being traced takes no NumPy values as constants
-                        args, outs = [_host.to_jax(a) for a in args], None
+                    # on the host where a rule gives XLA's bits (no compile)
+                    outs = _host.evaluate(r.prim, args, r.params)
                     if outs is None:
-                        outs = _abstract.evaluate(r.prim, args, r.params, outer)
+                        outs = _abstract.evaluate(r.prim, args, r.params)
                     del args
                     define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     del outs
@@ -272,11 +274,38 @@ def evaluate_jaxpr(
     recipes = [
         Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in e.invars), e.params,
                tuple(None if _compat.is_drop_var(v) else v for v in e.outvars))
-        for e in jaxpr.eqns
+        for e in flat_eqns(jaxpr.eqns)
     ]
     outputs = [v for v in jaxpr.outvars if _is_var(v)]
     values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
+
+
+def flat_eqns(eqns: Sequence[Any]) -> list[Any]:
+    """``eqns`` with each ``folded_batch`` replaced by the equations it staged.
+
+    The body's variables are renamed: its inputs and outputs to the
+    equation's, the others to fresh ones (a recipe recomputed by a later
+    batch is in two bodies).
+    """
+    out = []
+    for e in eqns:
+        if e.primitive is not batch_p:
+            out.append(e)
+            continue
+        body = e.params["jaxpr"].jaxpr
+        rename = dict(zip(body.invars, e.invars))
+        rename.update((b, v) for b, v in zip(body.outvars, e.outvars) if not _compat.is_drop_var(v))
+
+        def fresh(v):
+            if v not in rename:
+                rename[v] = _compat.drop_var(v.aval) if _compat.is_drop_var(v) else _compat.new_var(v.aval)
+            return rename[v]
+
+        for b in flat_eqns(body.eqns):
+            invars = [rename[a] if _is_var(a) else a for a in b.invars]
+            out.append(b.replace(invars=invars, outvars=[fresh(v) for v in b.outvars]))
+    return out
 
 
 def _known_part_impl(*args, jaxpr):
@@ -294,6 +323,61 @@ known_part_p.def_impl(_known_part_impl)
 known_part_p.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
 mlir.register_lowering(known_part_p, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
                                                     multiple_results=True))
+
+#: A batch staged into a folding program as one equation (see :func:`_stage`);
+#: evaluating the program evaluates its equations as the batch's own
+#: (:func:`flat_eqns`), compiling it compiles its body.
+batch_p = Primitive("folded_batch")
+batch_p.multiple_results = True
+batch_p.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args))
+batch_p.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
+mlir.register_lowering(batch_p, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
+                                               multiple_results=True))
+
+
+def _stage(recipes, env, outputs) -> list[Any]:
+    """Stage ``recipes`` into the program of abstract constants they read, as one equation.
+
+    The equation is a ``folded_batch`` whose body is built from the recipes
+    directly: their outputs' avals are known, so nothing is abstractly
+    evaluated again, where binding each recipe on the outer trace would (a
+    tenth of a millisecond each: TFC's PDE stages thousands). Other values
+    become the equation's inputs, scalars literals; as in :func:`run_batch`,
+    a recipe reads what an earlier recipe of the batch defined, else what
+    ``env`` holds (a recipe may compute again a value an earlier batch kept).
+    """
+    local: set[Any] = set()
+    inputs: list[Any] = []
+    invars: dict[Any, Any] = {}  # Var, or id of a value, -> the body's input
+
+    def atom(a):
+        if _is_var(a) and a in local:
+            return a
+        value = env[a] if _is_var(a) else a
+        if not _is_var(a) and np.ndim(value) == 0 and not isinstance(value, (jax.Array, _compat.Tracer)):
+            return _compat.literal(value, _compat.typeof(value))
+        key = a if _is_var(a) else id(value)
+        if key not in invars:
+            invars[key] = _compat.new_var(_compat.typeof(value))
+            inputs.append(_host.to_jax(value))
+        return invars[key]
+
+    def eqn(r):
+        args = [atom(a) for a in r.args]
+        if None in r.outvars:  # outputs JAX's staging forwarded: bound to nothing here
+            avals, _ = _compat.abstract_eval(r.prim, [a.aval for a in args], r.params)
+            avals = avals if r.prim.multiple_results else [avals]
+            outvars = [_compat.drop_var(aval) if v is None else v for v, aval in zip(r.outvars, avals)]
+        else:
+            outvars = list(r.outvars)
+        local.update(r.outvars)
+        return _compat.new_jaxpr_eqn(args, outvars, r.prim, r.params, _compat.no_effects)
+
+    eqns = [eqn(r) for r in recipes]
+    debug = _compat.unnamed_debug_info("folded_batch", len(invars), len(outputs))
+    body = _compat.ClosedJaxpr(_compat.Jaxpr([], list(invars.values()), list(outputs), eqns, debug_info=debug), [])
+    outer = _abstract.outer_trace(inputs)
+    return _abstract.evaluate(batch_p, inputs, {"jaxpr": body}, outer)
 
 
 def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:

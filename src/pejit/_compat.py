@@ -144,6 +144,13 @@ def debug_info(traced_for: str, fun: Callable, args: Sequence[Any], kwargs: dict
     )
 
 
+def unnamed_debug_info(traced_for: str, n_in: int, n_out: int):
+    """Debug info with unnamed arguments and results, for a jaxpr pejit builds itself
+    (JAX 0.7 wants every result path; later versions take None for unknown)."""
+    return debug_info(traced_for, unnamed_debug_info, (), {})._replace(
+        arg_names=("",) * n_in, result_paths=("",) * n_out)
+
+
 try:  # traceback filtering, as jax.jit does it
     from jax._src.traceback_util import api_boundary, register_exclusion
 except ImportError:
@@ -309,6 +316,9 @@ partial_eval_jaxpr_nounits_fwd = _pe.partial_eval_jaxpr_nounits_fwd
 move_binders_to_back = _pe.move_binders_to_back
 # public as jax.extend.core.new_jaxpr_eqn from JAX 0.8 only
 new_jaxpr_eqn = core.new_jaxpr_eqn
+new_var = core.Var  # Var(aval) and DropVar(aval) on every version we support
+drop_var = core.DropVar
+no_effects = core.no_effects
 
 # JAX < 0.11.1 pairs constvars with consts explicitly; later, attached values
 # make leading inputs constants (``Jaxpr.with_consts``).

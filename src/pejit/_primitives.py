@@ -67,7 +67,7 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 NOT_FUSED = frozenset(["sin", "cos", "tan"])
 
 #: Call-like primitives, by name: fusible when everything they call is.
-CALLS = frozenset(["jit", "pjit", "closed_call", "known_part"])
+CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 
 
 def called_jaxpr(prim, params: dict):
