@@ -220,3 +220,33 @@ def test_the_same_known_work_is_folded_once():
     np.testing.assert_allclose(g(coef), want @ coef + 2 * want @ coef + want @ (2 * coef) + want.sum() * coef,
                                rtol=1e-5)
     assert sorted(calls) == [1, 2]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_while_folding_and_restored(enabled):
+    import gc
+
+    seen = []
+
+    def f(c, x):
+        seen.append(gc.isenabled())  # traced: runs while the fold does
+        return jnp.sin(c) @ x
+
+    c, x = jnp.ones((4, 4)), jnp.arange(4.0)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        calltime = pejit(f, constant_argnums=0)
+        np.testing.assert_allclose(calltime(c, x), jnp.sin(c) @ x, rtol=1e-6)
+        tfc_form = pejit(c, x, constant_arg_nums=[0])(f)
+        np.testing.assert_allclose(tfc_form(x), jnp.sin(c) @ x, rtol=1e-6)
+        assert seen == [False, False]  # one trace per form
+        closed = jax.make_jaxpr(lambda c, x: jnp.sin(c) @ x)(c, x)
+        spec = pejit_module.specialize_jaxpr(closed, {0: c})
+        assert [e.primitive.name for e in spec.jaxpr.eqns] == ["dot_general"]
+        assert gc.isenabled() is enabled  # as it was, however the fold ended
+        with pytest.raises(TypeError):
+            pejit(lambda c, x: c @ x, constant_argnums=0)(c, jnp.ones(3))
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -271,40 +271,40 @@ def evaluate_jaxpr(
         return [keep(x) for x in outs]
     env = dict(zip(jaxpr.constvars, closed_jaxpr.consts))
     env.update(zip(jaxpr.invars, args))
-    recipes = [
-        Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in e.invars), e.params,
-               tuple(None if _compat.is_drop_var(v) else v for v in e.outvars))
-        for e in flat_eqns(jaxpr.eqns)
-    ]
+    recipes = flat_recipes(jaxpr.eqns)
     outputs = [v for v in jaxpr.outvars if _is_var(v)]
     values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
 
 
 def flat_eqns(eqns: Sequence[Any]) -> list[Any]:
-    """``eqns`` with each ``folded_batch`` replaced by the equations it staged.
+    """``eqns`` with each ``folded_batch`` replaced by the equations of its body (not renamed)."""
+    return [b for e in eqns for b in (e.params["jaxpr"].jaxpr.eqns if e.primitive is batch_p else (e,))]
+
+
+def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
+    """The recipes of ``eqns``, each ``folded_batch`` replaced by the equations it staged.
 
     The body's variables are renamed: its inputs and outputs to the
     equation's, the others to fresh ones (a recipe recomputed by a later
     batch is in two bodies).
     """
+    def recipe(e, rename):
+        args = (rename.get(a, a) if _is_var(a) else a for a in e.invars)
+        return Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in args), e.params,
+                      tuple(None if _compat.is_drop_var(v) else rename.get(v, v) for v in e.outvars))
+
     out = []
     for e in eqns:
         if e.primitive is not batch_p:
-            out.append(e)
+            out.append(recipe(e, {}))
             continue
         body = e.params["jaxpr"].jaxpr
         rename = dict(zip(body.invars, e.invars))
         rename.update((b, v) for b, v in zip(body.outvars, e.outvars) if not _compat.is_drop_var(v))
-
-        def fresh(v):
-            if v not in rename:
-                rename[v] = _compat.drop_var(v.aval) if _compat.is_drop_var(v) else _compat.new_var(v.aval)
-            return rename[v]
-
-        for b in flat_eqns(body.eqns):
-            invars = [rename[a] if _is_var(a) else a for a in b.invars]
-            out.append(b.replace(invars=invars, outvars=[fresh(v) for v in b.outvars]))
+        for b in body.eqns:
+            rename.update((v, _compat.new_var(v.aval)) for v in b.outvars if v not in rename)
+            out.append(recipe(b, rename))
     return out
 
 
@@ -326,7 +326,7 @@ mlir.register_lowering(known_part_p, mlir.lower_fun(lambda *args, jaxpr: jaxpr_a
 
 #: A batch staged into a folding program as one equation (see :func:`_stage`);
 #: evaluating the program evaluates its equations as the batch's own
-#: (:func:`flat_eqns`), compiling it compiles its body.
+#: (:func:`flat_recipes`), compiling it compiles its body.
 batch_p = Primitive("folded_batch")
 batch_p.multiple_results = True
 batch_p.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args))

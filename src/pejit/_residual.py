@@ -20,6 +20,7 @@ from jax.extend.core import ClosedJaxpr
 from . import _affine, _compat, _cse, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
+from ._gc import pausing
 from ._primitives import FUSES_OPERANDS
 from ._progress import Progress
 from ._report import FoldReport
@@ -125,6 +126,7 @@ def fold(
     return Residual(closed, report, folder.stats)
 
 
+@pausing
 def specialize_jaxpr(
     closed_jaxpr: ClosedJaxpr,
     known: Mapping[int, Any],

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from . import _argnums, _compat, _errors, _persist, _progress
+from ._gc import pausing
 from ._argnums import interleave
 from ._cache import SpecializationCache
 from ._dispatch import Layout
@@ -32,6 +33,7 @@ _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
 
 
+@pausing
 def specialize(
     info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
     persist: bool = True,
