@@ -331,7 +331,8 @@ def _plan(jaxpr, region: _Region, kinds, shifted: set[Any]) -> _Plan:
     matrix: set[Any] = set()
     for i in region.eqns:
         eqn = jaxpr.eqns[i]
-        computed = _eqn_cost(eqn, kinds) + sum(best[a] for a in eqn.invars if isinstance(a, _compat.Var) and a in producer)
+        inputs = [a for a in eqn.invars if isinstance(a, _compat.Var) and a in producer]
+        computed = _eqn_cost(eqn, kinds) + sum(best[a] for a in inputs)
         for v in eqn.outvars:
             if v in n_in and as_matrix(v) < computed:
                 matrix.add(v)
