@@ -327,12 +327,13 @@ def _plan(jaxpr, region: _Region, kinds, shifted: set[Any]) -> _Plan:
         flops, stored = _matrix_cost(v, n_in[v], shifted)
         return flops + stored + KERNEL
 
+    cost = {i: _eqn_cost(jaxpr.eqns[i], kinds) for i in region.eqns}
     best: dict[Any, float] = {}
     matrix: set[Any] = set()
     for i in region.eqns:
         eqn = jaxpr.eqns[i]
         inputs = [a for a in eqn.invars if isinstance(a, _compat.Var) and a in producer]
-        computed = _eqn_cost(eqn, kinds) + sum(best[a] for a in inputs)
+        computed = cost[i] + sum(best[a] for a in inputs)
         for v in eqn.outvars:
             if v in n_in and as_matrix(v) < computed:
                 matrix.add(v)
@@ -348,7 +349,6 @@ def _plan(jaxpr, region: _Region, kinds, shifted: set[Any]) -> _Plan:
         elif producer[v] not in kept:
             kept.add(producer[v])
             stack.extend(a for a in jaxpr.eqns[producer[v]].invars if isinstance(a, _compat.Var) and a in producer)
-    cost = {i: _eqn_cost(jaxpr.eqns[i], kinds) for i in region.eqns}
     if not cut or sum(map(as_matrix, region.roots)) <= sum(map(as_matrix, cut)) + sum(cost[i] for i in kept):
         cut, kept = region.roots, set()
     removed = [i for i in region.eqns if i not in kept]

@@ -217,18 +217,12 @@ def run_batch(
 
     with _compat.evaluating():
         for seg in segments:
-            if seg.backend == "compiled":
+            whole = {"compiled": _run_compiled, "program": _stage}.get(seg.backend)
+            if whole is not None:  # the segment at once: compiled, or staged as one equation
                 produced = [v for r in seg.recipes for v in r.outvars if v is not None]
                 inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
                 out = [v for v in produced if v in wanted or uses[v] > inside[v]]
-                define(zip(out, _run_compiled(seg.recipes, env, out)))
-                _release(env, uses, [a for r in seg.recipes for a in r.args])
-                tick(len(seg.recipes))
-            elif seg.backend == "program":
-                produced = [v for r in seg.recipes for v in r.outvars if v is not None]
-                inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
-                out = [v for v in produced if v in wanted or uses[v] > inside[v]]
-                define(zip(out, _stage(seg.recipes, env, out)))
+                define(zip(out, whole(seg.recipes, env, out)))
                 _release(env, uses, [a for r in seg.recipes for a in r.args])
                 tick(len(seg.recipes))
             else:
@@ -308,8 +302,16 @@ def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
     return out
 
 
-def _known_part_impl(*args, jaxpr):
-    return evaluate_jaxpr(jaxpr, args, "eager")
+def _call_primitive(name: str, backend: str) -> Primitive:
+    """A primitive that calls the closed jaxpr in its ``jaxpr`` parameter:
+    evaluated by :func:`evaluate_jaxpr` with ``backend``, compiled as its body."""
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args, backend))
+    prim.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
+    mlir.register_lowering(prim, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
+                                                multiple_results=True))
+    return prim
 
 
 #: Known equations of a nested call folded as one recipe (see
@@ -317,22 +319,12 @@ def _known_part_impl(*args, jaxpr):
 #: folding them one by one would (the host rules where they apply, JAX's
 #: per-primitive dispatch elsewhere), staged as one equation into a folding
 #: program, and compiled as its body where a program is compiled.
-known_part_p = Primitive("known_part")
-known_part_p.multiple_results = True
-known_part_p.def_impl(_known_part_impl)
-known_part_p.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
-mlir.register_lowering(known_part_p, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
-                                                    multiple_results=True))
+known_part_p = _call_primitive("known_part", "eager")
 
 #: A batch staged into a folding program as one equation (see :func:`_stage`);
 #: evaluating the program evaluates its equations as the batch's own
 #: (:func:`flat_recipes`), compiling it compiles its body.
-batch_p = Primitive("folded_batch")
-batch_p.multiple_results = True
-batch_p.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args))
-batch_p.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
-mlir.register_lowering(batch_p, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
-                                               multiple_results=True))
+batch_p = _call_primitive("folded_batch", "auto")
 
 
 def _stage(recipes, env, outputs) -> list[Any]:

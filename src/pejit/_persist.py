@@ -72,6 +72,7 @@ from . import _jaxpr_json
 from ._errors import PejitWarning
 from ._folding import FoldOptions, FoldStats
 from ._keys import is_array
+from ._primitives import CUSTOM_CALLS
 from ._program import Program, Specialization
 from ._residual import specialize_jaxpr
 
@@ -315,7 +316,7 @@ def _hash_array(h, a: Any) -> bool:
 
 #: Primitives whose callable parameters (differentiation rules) do not change
 #: the values they compute: their forward jaxpr is printed.
-_RULES_ONLY = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+_RULES_ONLY = CUSTOM_CALLS
 #: Callable parameter types that are data (a mesh is a context manager).
 _DATA = (type, jax.sharding.Mesh, jax.sharding.AbstractMesh, jax.sharding.Sharding)
 

@@ -66,6 +66,9 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 #: :func:`pejit._batch.plan_batch`).
 NOT_FUSED = frozenset(["sin", "cos", "tan"])
 
+#: JAX's custom-derivative calls, by name (their bodies close over Python functions).
+CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"])
+
 #: Call-like primitives, by name: fusible when everything they call is.
 CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 

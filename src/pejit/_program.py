@@ -21,6 +21,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from . import _batch, _compat
 from ._folding import FoldStats
+from ._primitives import CUSTOM_CALLS
 from ._report import FoldReport
 from ._residual import Residual, SharePlan
 
@@ -216,15 +217,12 @@ def _closing_custom_call(jaxpr) -> str | None:
             getattr(sub, "jaxpr", sub) for v in eqn.params.values()
             for sub in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(sub, (Jaxpr, ClosedJaxpr))
         ]
-        if eqn.primitive.name in _CUSTOM_CALLS and eqn.params.get("num_consts", 0):
+        if eqn.primitive.name in CUSTOM_CALLS and eqn.params.get("num_consts", 0):
             return getattr(subs[0].debug_info, "func_name", eqn.primitive.name)
         for name in map(_closing_custom_call, subs):
             if name is not None:
                 return name
     return None
-
-
-_CUSTOM_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
 def runner(jaxpr, nconsts: int, out_tree) -> Callable:

@@ -12,6 +12,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
 from .._folding import Folder, fold_rules, replay
+from .._primitives import CUSTOM_CALLS
 from ._hoist import hoist
 
 
@@ -98,7 +99,7 @@ def _split(closed, known, expands):
 
 def _folded_whole(prim) -> bool:
     """Whether the folding trace folds ``prim`` on known inputs by its default policy."""
-    if prim.name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+    if prim.name in CUSTOM_CALLS:
         return False
     rule = fold_rules.get(prim)
     return rule is None or getattr(rule, "known_by_default", False)
