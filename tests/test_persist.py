@@ -282,3 +282,24 @@ def test_a_stored_residual_cannot_name_code():
     params["ctx_mesh"] = {"obj": "os:system"}
     with pytest.raises(ValueError, match="not a loaded jax module"):
         _jaxpr_json.decode(doc)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int4, jnp.uint4])
+def test_constants_of_ml_dtypes_round_trip(tmp_path, dtype):
+    """.npy writes bfloat16, float8 and int4 as raw bytes ("V1", "V2"): a hit
+    reads them back as their own dtype, not as bytes or as a sibling type of
+    the same size."""
+    def fun(W, x):
+        return (W + W) * x
+
+    W = np.arange(-2, 2, dtype=np.float32).reshape(2, 2).astype(dtype)
+    x = np.ones(2, dtype)
+    want = np.asarray(jax.jit(fun)(W, x))
+    options = FoldOptions(cache_dir=str(tmp_path))
+    for expect_hit in (False, True):
+        f = pejit(fun, constant_argnums=0, fold_options=options)
+        out, spec = f(W, x), f.specialize(W, x)
+        assert any(READ in note for note in spec.report.fallbacks) == expect_hit
+        assert [np.asarray(c).dtype for c in spec.consts] == [np.dtype(dtype)]
+        assert out.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(out), want)

@@ -111,7 +111,8 @@ class Collapse:
 
 
 def _real(aval) -> bool:
-    return np.issubdtype(aval.dtype, np.floating)
+    # jax.dtypes', not NumPy's: extended dtypes (PRNG keys) are no NumPy type
+    return jax.dtypes.issubdtype(aval.dtype, np.floating)
 
 
 def classify(jaxpr, known: Sequence[bool]) -> dict[Any, str]:
@@ -573,7 +574,8 @@ def collapse(
             build <= HOST_BUILD_FLOPS and not staged and backend != "compiled"
             and _linear.covers(jaxpr.eqns[i] for i in region.eqns)
         )
-        if plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
+        # inputs == 0: zero-size sources, nothing to collapse (and no columns to build)
+        if inputs and plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
             chosen.append((region, Collapse(
                 plan.removed, inputs, sum(map(_size, region.roots)),
                 plan.flops_before, plan.flops_after, plan.stored,

@@ -176,7 +176,7 @@ def _call(jaxpr, consts, args) -> list[Any] | None:
         return np.asarray(a.val, a.aval.dtype) if isinstance(a, _compat.Literal) else env[a]
 
     last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
-    outputs = set(jaxpr.outvars)
+    outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # not literals: unhashable
     for i, eqn in enumerate(jaxpr.eqns):
         outs = evaluate(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
         if outs is None:

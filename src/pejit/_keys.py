@@ -64,7 +64,7 @@ def _leaf_key(what: int | str, leaf: Any) -> Any:
     if isinstance(leaf, np.ndarray):
         if immutable(leaf):
             return ("frozen", id(leaf))
-        return ("numpy", leaf.shape, leaf.dtype.str, _digest(leaf))
+        return ("numpy", leaf.shape, leaf.dtype, _digest(leaf))
     try:
         hash(leaf)
     except TypeError:
@@ -108,7 +108,13 @@ def _contents(a: np.ndarray) -> bytes:
 
 
 def _digest(a: np.ndarray) -> bytes:
-    return hashlib.sha1(memoryview(np.ascontiguousarray(a)).cast("B")).digest()
+    # A flat byte view hashes every dtype NumPy can hold, ml_dtypes' (bfloat16,
+    # float8, int4: no buffer format) and zero-size arrays included.
+    return hashlib.sha1(_bytes_view(a)).digest()
+
+
+def _bytes_view(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
 def immutable(a: np.ndarray) -> bool:
@@ -155,6 +161,8 @@ def dynamic_key(value: Any, what: int | str | None = None) -> Any:
     """
     if type(value) is _compat.ArrayImpl or isinstance(value, _compat.Tracer):
         return value.aval
+    if type(value) is np.ndarray:  # the key of a jax.Array of its type, as jax.jit's cache has it
+        return jax.typeof(value)
     leaves, treedef = _flatten(value)
     try:
         return (treedef, tuple([dynamic_aval(leaf) for leaf in leaves]))

@@ -250,7 +250,7 @@ def _run(jaxpr, consts, values, tangents) -> tuple[list, list]:
         return (a.val, None) if isinstance(a, _compat.Literal) else env[a]
 
     last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
-    outputs = set(jaxpr.outvars)
+    outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # not literals: unhashable
     for i, eqn in enumerate(jaxpr.eqns):
         vals, tans = zip(*map(read, eqn.invars)) if eqn.invars else ((), ())
         if eqn.primitive in _CALLS and any(t is not None for t in tans):
@@ -262,7 +262,7 @@ def _run(jaxpr, consts, values, tangents) -> tuple[list, list]:
             outs, out_tans = _linear(eqn, vals, tans)
         for v, x, t in zip(eqn.outvars, outs, out_tans):
             if t is not None:
-                dtype = np.dtype(v.aval.dtype)
+                dtype = v.aval.dtype  # possibly extended (PRNG keys): no np.dtype
                 if dtype not in _host.FLOATS:
                     raise _Unsupported(f"a tangent of type {dtype}")
                 x, t = np.asarray(x, dtype), np.asarray(t, dtype)
@@ -334,7 +334,7 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     sizes = [math.prod(s.aval.shape) for s in sources]
     starts = np.cumsum([0, *sizes])
     total = int(starts[-1])
-    if any(np.dtype(s.aval.dtype) not in _host.FLOATS for s in sources):
+    if any(s.aval.dtype not in _host.FLOATS for s in sources):
         return None
     zeros = [np.zeros(s.aval.shape, s.aval.dtype) for s in sources]
     columns: list[list[np.ndarray]] = []

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import jaxlib
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
@@ -240,15 +241,30 @@ def _digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).reshape(-1).view(np.uint8)).hexdigest()
 
 
+def _dtype(name: str) -> np.dtype:
+    """The dtype a manifest names: NumPy's, or one JAX adds (``jnp.bfloat16``)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(getattr(jnp, name))
+
+
 def _write_array(directory: Path, name: str, a: np.ndarray) -> dict:
+    # .npy cannot describe ml_dtypes' types (bfloat16, float8, int4): their
+    # bits go as unsigned integers, the manifest names the dtype and reading
+    # views the bits as it.
+    bits = a if a.dtype.isbuiltin == 1 else a.view(f"u{a.dtype.itemsize}")
     with open(directory / name, "wb") as f:
-        np.lib.format.write_array(f, a, allow_pickle=False)
-    return {"file": name, "shape": list(a.shape), "dtype": a.dtype.str, "sha256": _digest(a)}
+        np.lib.format.write_array(f, bits, allow_pickle=False)
+    return {"file": name, "shape": list(a.shape), "dtype": a.dtype.name, "sha256": _digest(a)}
 
 
 def _read_array(directory: Path, meta: dict) -> np.ndarray:
     a = np.load(directory / meta["file"], mmap_mode="r", allow_pickle=False)
-    if list(a.shape) != meta["shape"] or a.dtype.str != meta["dtype"]:
+    dtype = _dtype(meta["dtype"])
+    if dtype.isbuiltin != 1 and a.dtype == f"u{dtype.itemsize}":
+        a = a.view(dtype)
+    if list(a.shape) != meta["shape"] or a.dtype != dtype:
         raise ValueError(f"{meta['file']} has type {a.dtype}{list(a.shape)}, not as written")
     if _digest(a) != meta["sha256"]:
         raise ValueError(f"{meta['file']} does not match its checksum")
@@ -309,7 +325,7 @@ def _hash_array(h, a: Any) -> bool:
         return False
     if a.dtype == object:
         return False
-    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(f"{a.dtype.name}{a.shape}".encode())
     h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return True
 

@@ -43,10 +43,10 @@ def content_key(c):
         return ("id", id(c))
     one = uniform_value(a)  # stored or a broadcast of one element (see Compactor): equal
     if one is not None:
-        return (a.shape, a.dtype.str, "uniform", np.asarray(one).tobytes())
+        return (a.shape, a.dtype, "uniform", np.asarray(one).tobytes())
     if not a.flags.c_contiguous:
         return ("id", id(c))
-    return (a.shape, a.dtype.str, hashlib.sha1(a.reshape(-1).view(np.uint8)).digest())
+    return (a.shape, a.dtype, hashlib.sha1(a.reshape(-1).view(np.uint8)).digest())
 
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -114,7 +114,7 @@ class Compactor:
         if bits is None:
             return value
         step = max(1, bits.size // self.SAMPLES)
-        key = (value.shape, value.dtype.str, bits[::step][: self.SAMPLES].tobytes())
+        key = (value.shape, value.dtype, bits[::step][: self.SAMPLES].tobytes())
         refs = self._seen.setdefault(key, [])
         for ref in refs:
             other = ref()

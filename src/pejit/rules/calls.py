@@ -88,7 +88,8 @@ def _split(closed, known, expands):
             have.update(eqn.outvars)
     if len(part) < MIN_PART:
         return None
-    read = {a for e in rest for a in e.invars if isinstance(a, _compat.Var)} | set(jaxpr.outvars)
+    read = {a for atoms in [*(e.invars for e in rest), jaxpr.outvars]
+            for a in atoms if isinstance(a, _compat.Var)}  # outputs may be literals (unhashable)
     produced = [v for e in part for v in e.outvars if v in read and not _compat.is_drop_var(v)]
     inputs = [i for i, k in enumerate(known) if k]
     part_jaxpr = _compat.with_outvars(
