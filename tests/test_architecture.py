@@ -20,6 +20,7 @@ ROOT = pathlib.Path(pejit.__file__).parent
 #: The API layer: what users call, and what drives it (demo, benchmarks).
 API = {
     "pejit", "pejit.__main__", "pejit._api", "pejit._jit", "pejit._tfc", "pejit._auto", "pejit._explain", "pejit._demo",
+    "pejit._export",
 }
 
 

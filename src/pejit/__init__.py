@@ -16,6 +16,7 @@ from ._errors import NothingFoldedWarning as NothingFoldedWarning
 from ._errors import PejitWarning as PejitWarning
 from ._errors import WritableConstantWarning as WritableConstantWarning
 from ._explain import explain as explain
+from ._export import export_folded as export_folded
 from ._folding import FoldOptions as FoldOptions
 from ._folding import register_fold_rule as register_fold_rule
 from ._jit import Pejitted as Pejitted
@@ -26,6 +27,7 @@ from ._residual import Residual as Residual
 from ._residual import specialize_jaxpr as specialize_jaxpr
 from ._stages import Compiled as Compiled
 from ._stages import Lowered as Lowered
+from ._stages import Traced as Traced
 from ._tfc import BoundPejitted as BoundPejitted
 
 __version__ = "0.1.0"
@@ -48,8 +50,10 @@ __all__ = [
     "PersistentCacheWarning",
     "Residual",
     "Specialization",
+    "Traced",
     "WritableConstantWarning",
     "explain",
+    "export_folded",
     "pe",
     "pejit",
     "register_fold_rule",

@@ -68,6 +68,13 @@ Internals used, why no public API does the job, and where versions differ:
   ``axis_sizes`` map names to sizes in every version; the state holds the
   (interned) ``AxisEnv`` itself in ``core`` on recent JAX, its hashable key
   (``()`` at top level) in ``config`` on 0.7.
+* ``jax.stages.Traced``'s state and ``jax.export``'s lowering parameters:
+  pejit's :class:`~pejit._stages.Traced` is a subclass of JAX's, made from
+  a trace ``jax.jit`` returns by copying its state (slots and, on 0.7,
+  ``__dict__``: the layout changes between versions, :func:`as_traced`);
+  ``jax.export`` (0.7 to 0.12) lowers ``fun.trace(...)`` with
+  ``_private_parameters=LoweringParameters(for_export=True)``, which is how
+  a trace knows it is being exported (:func:`lowering_for_export`).
 * ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
   in the user's function while pejit traces it shows the user's frames, not
   pejit's, exactly as ``jax.jit`` hides JAX's (and ``JAX_TRACEBACK_FILTERING=off``
@@ -731,3 +738,33 @@ def trace_staging(
         del trace, in_tracers, out_tracers, ans
     return policy.finalize(jaxpr, list(consts))
 
+
+def as_traced(traced: jax.stages.Traced, cls: type) -> jax.stages.Traced:
+    """``traced`` as an instance of ``cls``, a subclass of ``jax.stages.Traced``.
+
+    ``jax.stages.Traced`` has no public constructor, and its fields differ
+    between versions; a copy of every slot (and of ``__dict__``, where the
+    class has one) carries whatever this JAX keeps.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> class Mine(jax.stages.Traced):
+      ...     __slots__ = ()
+      >>> t = as_traced(jax.jit(jnp.sin).trace(1.0), Mine)
+      >>> type(t).__name__, t.lower().compile()(0.0)
+      ('Mine', Array(0., dtype=float32, weak_type=True))
+    """
+    new = object.__new__(cls)
+    for klass in type(traced).__mro__:
+        slots = getattr(klass, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(traced, name):
+                setattr(new, name, getattr(traced, name))
+    if hasattr(traced, "__dict__"):
+        new.__dict__.update(traced.__dict__)
+    return new
+
+
+def lowering_for_export(lower_kwargs: dict) -> bool:
+    """Whether ``Traced.lower(**lower_kwargs)`` is ``jax.export`` lowering the trace."""
+    return bool(getattr(lower_kwargs.get("_private_parameters"), "for_export", False))

@@ -27,10 +27,10 @@ from ._cache import CacheInfo, Caches
 from ._dispatch import Layout, dispatcher, numpy_memo, straight_line
 from ._folding import FoldStats
 from ._info import fixed_positions, parse_pejit_arguments, split_call
-from ._keys import TracedConstant, constant_key, dynamic_key, watched
+from ._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
 from ._program import Program, Specialization
-from ._specializer import make_runner, specialize
-from ._stages import Lowered
+from ._specializer import jit_kwargs_for, make_runner, specialize
+from ._stages import Lowered, Traced
 
 _tree_unflatten = jax.tree_util.tree_unflatten
 _tree_leaves = jax.tree_util.tree_leaves
@@ -257,31 +257,86 @@ class Pejitted:
         return spec, watched(const_leaves)
 
     # -- jax.jit's staged API --------------------------------------------
+    # A constant given as a type alone (a ``jax.ShapeDtypeStruct``, as
+    # ``jax.export`` is usually called, or a tracer) has no value to fold:
+    # staging is then ``jax.jit``'s, whose program is right for every value.
     @_compat.api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
         """Lower the residual program for these arguments, as ``jax.jit`` does.
 
-        Without constant arguments, ``jax.jit``'s own ``jax.stages.Lowered``.
+        The folded constants are passed to the program as buffers. Without
+        constant arguments, or with a constant given as a
+        ``jax.ShapeDtypeStruct``, ``jax.jit``'s own ``jax.stages.Lowered``.
         """
         if self._is_jax_jit:
             return self._jitted.lower(*args, **kwargs)
-        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("lower")
-        return Lowered(spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs), spec, self._checker(args, kwargs))
+        if self._abstract(args, kwargs):
+            return self._jitted.lower(*args, **kwargs)
+        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
+        lowered = spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs)
+        return Lowered(lowered, self._checker(args, kwargs), spec.consts)
 
     @_compat.api_boundary
     def trace(self, *args, **kwargs):
-        """Trace the residual program for these arguments (``jax.stages.Traced``)."""
+        """Trace the function for these arguments: a [`Traced`][pejit.Traced].
+
+        Its jaxpr keeps the function's signature (constant arguments unused)
+        and carries the folded constants; it serves these constant values
+        only, and ``jax.export`` of it raises, naming
+        [`export_folded`][pejit.export_folded]. Without constant arguments,
+        or with a constant given as a ``jax.ShapeDtypeStruct``, ``jax.jit``'s
+        own ``jax.stages.Traced``, right for every value.
+        """
         if self._is_jax_jit:
             return self._jitted.trace(*args, **kwargs)
-        spec, dyn_args, dyn_kwargs = self._specialized_call(args, kwargs)
         self._require_jit("trace")
-        return spec.run.trace(*spec.consts, *dyn_args, **dyn_kwargs)
+        if self._abstract(args, kwargs):
+            return self._jitted.trace(*args, **kwargs)
+        spec, _, _ = self._specialized_call(args, kwargs)
+        layout = self._layout(len(args))
+        targs, tkwargs = self._unused(args, kwargs, layout)
+        traced = self._residual_jit(spec, layout).trace(*targs, **tkwargs)
+        return Traced.of(traced, self._checker(args, kwargs, traced=True), _export_error(self.info.name))
+
+    def _residual_jit(self, spec: Specialization, layout: Layout) -> Callable:
+        """``jax.jit`` of the function with the residual of ``spec`` as its body:
+        the constant (and static) arguments unused, the folded constants closed over.
+
+        Static arguments are unused inputs too (not ``jax.jit``'s static
+        ones): the specialization already depends on their values.
+        """
+        dynamic = self._dynamic
+
+        @functools.wraps(self.info.fun)  # its name (the module is jit_<name>) and argument names
+        def residual(*args, **kwargs):
+            dyn_args, dyn_kwargs = dynamic(args, kwargs, layout)
+            return spec.call(*dyn_args, **dyn_kwargs)
+
+        skip = _PEJIT_OPTIONS | {"static_argnums", "static_argnames"}
+        return jax.jit(residual, **{k: v for k, v in self._options.items() if k not in skip})
+
+    def _unused(self, args: tuple, kwargs: dict, layout: Layout) -> tuple[tuple, dict]:
+        """A call's arguments as its trace takes them: the constant and static
+        ones keep their array leaves (unused inputs); other leaves become None."""
+
+        def arrays(value):
+            return jax.tree_util.tree_map(lambda leaf: leaf if is_array(leaf) else None, value)
+
+        fixed, names = set(layout.const), self.info.fixed_names
+        return (tuple(arrays(a) if i in fixed else a for i, a in enumerate(args)),
+                {k: arrays(v) if k in names else v for k, v in kwargs.items()})
+
+    def _abstract(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a constant (or static) argument is a type without a value."""
+        layout = self._layout(len(args))
+        fixed = [args[i] for i in layout.const] + [v for k, v in kwargs.items() if k in self.info.fixed_names]
+        return any(isinstance(leaf, (jax.ShapeDtypeStruct, _compat.Tracer)) for leaf in _tree_leaves(fixed))
 
     @_compat.api_boundary
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
-        if self._is_jax_jit:
+        if self._is_jax_jit or (self._jitted is not None and self._abstract(args, kwargs)):
             return self._jitted.eval_shape(*args, **kwargs)
         spec, _, _ = self._specialized_call(args, kwargs)
         outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
@@ -316,8 +371,9 @@ class Pejitted:
         if not self.info.jit:
             raise AttributeError(f"{what}() needs a compiled function: use pejit, not pe")
 
-    def _checker(self, args, kwargs) -> Callable:
-        """Split a call of a compiled object, checking its constants."""
+    def _checker(self, args, kwargs, traced: bool = False) -> Callable:
+        """Split a call of a staged object, checking its constants: into its
+        dynamic arguments, or (``traced``) the arguments of its trace."""
         layout = self._layout(len(args))
         const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
         expected = [constant_key(i, v) for i, v in const_pos] + [constant_key(k, v) for k, v in const_kw]
@@ -331,6 +387,8 @@ class Pejitted:
                     "this compiled function was specialized for other constant "
                     "values; lower and compile again for the new ones"
                 )
+            if traced:
+                return self._unused(call_args, call_kwargs, layout)
             return dyn_args, dyn_kwargs
 
         return split
@@ -378,6 +436,33 @@ def _jax_jit(fun: Callable, options: dict) -> Callable:
 
 def _argument_name(what: int | str) -> str:
     return f"argument {what}" if isinstance(what, int) else f"argument {what!r}"
+
+
+def _export_error(name: str) -> str:
+    return (
+        f"jax.export of {name}: its trace folds the values of its constant arguments, so the exported "
+        "program would be right for those values only. Export the folded program, specialized to these "
+        "constants and taking the dynamic arguments alone, with pejit.export_folded(f)(*args); or give "
+        "the constant arguments as jax.ShapeDtypeStruct to export the unfolded function, right for "
+        "every value, as jax.jit's"
+    )
+
+
+def dynamic_function(pj: Pejitted, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict]:
+    """``jax.jit`` of the residual of a call's specialization, a function of its
+    dynamic arguments alone, the folded constants closed over; and those arguments.
+
+    Without constant arguments, ``jax.jit`` of the function and the call's arguments.
+    """
+    if not pj.info.constants:
+        return pj._jitted or jax.jit(pj.info.fun), args, kwargs
+    if pj._abstract(args, kwargs):
+        raise ValueError(
+            f"{pj.info.name}: a folded program needs the values of the constant arguments, "
+            "not a jax.ShapeDtypeStruct"
+        )
+    spec, dyn_args, dyn_kwargs = pj._specialized_call(args, kwargs)
+    return jax.jit(spec.call, **jit_kwargs_for(pj.info, pj._layout(len(args)), 0)), dyn_args, dyn_kwargs
 
 
 def layout_dispatch(pj: Pejitted, n: int) -> Callable:

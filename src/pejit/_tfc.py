@@ -16,9 +16,9 @@ from collections.abc import Callable
 from . import _argnums, _errors
 from ._argnums import interleave
 from ._dispatch import bound_dispatcher
-from ._jit import Pejitted, layout_dispatch
+from ._jit import Pejitted, dynamic_function, layout_dispatch
 from ._program import Specialization
-from ._stages import Lowered
+from ._stages import Lowered, Traced
 
 
 class BoundPejitted:
@@ -76,8 +76,12 @@ class BoundPejitted:
         # Its compiled form is called with the non-constant arguments only.
         return self._core.lower(*self._full(args)).with_split(lambda a, k: (a, k))
 
-    def trace(self, *args):
-        return self._core.trace(*self._full(args))
+    def trace(self, *args) -> Traced:
+        """Trace the folded program: a function of the non-constant arguments,
+        the folded constants inside (so ``jax.export`` of this function exports it)."""
+        self._core._require_jit("trace")
+        fun, dyn_args, _ = dynamic_function(self._core, self._full(args), {})
+        return Traced.of(fun.trace(*dyn_args), lambda a, k: (a, k), None)
 
     def eval_shape(self, *args):
         return self._core.eval_shape(*self._full(args))
@@ -92,9 +96,9 @@ class BoundPejitted:
         return f"<{self._core!r} with constants at {list(self._const)}>"
 
 
-def core_call(bound: BoundPejitted, args: tuple) -> tuple[Pejitted, list]:
+def core_call(bound: BoundPejitted, args: tuple, kwargs: dict | None = None) -> tuple[Pejitted, list]:
     """The ``Pejitted`` behind the TFC form, and the full arguments of a call."""
-    return bound._core, bound._full(args)
+    return bound._core, bound._full(args, kwargs)
 
 
 def _positional_only(fun: Callable, n: int) -> Callable:
