@@ -293,3 +293,27 @@ def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
     for spec in (host, compiled):
         (got,) = jax.extend.core.jaxpr_as_fun(spec.jaxpr)(X)
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_both_forms_collapse_what_the_host_builds_for_every_value(monkeypatch):
+    """The call-time form collapses a region over ``BUILD_FLOPS`` as the TFC
+    form does, on its first value and on later ones: the host builds each
+    value's matrix (``host_affine_matrices``, which has no lowering), so the
+    folding program is evaluated, never compiled (by ``jvp`` it would cost
+    more than folding the value from scratch)."""
+    from pejit import _affine
+
+    monkeypatch.setattr(_affine, "BUILD_FLOPS", 0.0)
+    tfc = pejit(C1, C2, C3, X, constant_arg_nums=[0, 1, 2])(chain)
+    assert prims(tfc.specialize(X).residual.jaxpr) == ["dot_general"]
+    f = pejit(chain, constant_argnums=(0, 1, 2))
+    for scale in (1.0, 0.5, 2.0):
+        consts = [jnp.asarray(c * scale) for c in (C1, C2, C3)]
+        spec = f.specialize(*consts, X)
+        assert prims(spec.residual.jaxpr) == ["dot_general"] and spec.residual.report.collapsed
+        c1, c2, c3 = (np.float64(c) for c in consts)
+        np.testing.assert_allclose(f(*consts, X), c1 @ (c2 @ (c3 @ np.float64(X))), rtol=2e-5, atol=2e-6)
+    folding = spec.program.folding_program
+    assert "host_affine_matrices" in {e.primitive.name for e in folding.traced.jaxpr.eqns}
+    assert folding.compiled is None
+    assert f.cache_info().misses == 3

@@ -468,9 +468,18 @@ def _affine_matrices_impl(*consts, build: _Build):
 #: (abstract constants, the call-time form): evaluated on the host for the
 #: first value, compiled (by ``jax.jvp`` in a loop) when values change.
 affine_matrices_p = Primitive("affine_matrices")
-affine_matrices_p.multiple_results = True
-affine_matrices_p.def_impl(_affine_matrices_impl)
-affine_matrices_p.def_abstract_eval(lambda *avals, build: build.out_avals())
+#: The same for a region whose build is within `HOST_BUILD_FLOPS` but over
+#: `BUILD_FLOPS`: compiled by ``jax.jvp`` it would cost more than folding
+#: from scratch (TFC's full-size PDE: minutes), so it has no lowering. The
+#: host builds it for every value, as for the TFC form's one value, and a
+#: folding program that holds one is evaluated, never compiled: each new
+#: value costs what its first did, less the trace, and gets the same
+#: collapsed residual the TFC form gets.
+host_affine_matrices_p = Primitive("host_affine_matrices")
+for _p in (affine_matrices_p, host_affine_matrices_p):
+    _p.multiple_results = True
+    _p.def_impl(_affine_matrices_impl)
+    _p.def_abstract_eval(lambda *avals, build: build.out_avals())
 mlir.register_lowering(
     affine_matrices_p,
     mlir.lower_fun(lambda *consts, build: build.by_jvp(*consts, loop=True), multiple_results=True),
@@ -478,7 +487,7 @@ mlir.register_lowering(
 
 
 def _jacobian(
-    sub, consts: Sequence[Any], region: _Region, batch: int, staged: bool, backend: str
+    sub, consts: Sequence[Any], region: _Region, batch: int, staged: Primitive | None, backend: str
 ) -> list[tuple[Any, Any]]:
     """``(M, c)`` per root: the root is ``M @ concat(its sources, flattened) + c``.
 
@@ -489,12 +498,13 @@ def _jacobian(
     with ``jax.jvp``, op by op where that is cheaper than compiling (a
     region of a thousand equations under ``jvp`` takes seconds to compile;
     see :func:`_compile_pays`) or ``backend`` (``FoldOptions.backend``) says
-    so. ``staged`` ones (a folding program) become one
-    :data:`affine_matrices_p` equation.
+    so. In a folding program (abstract constants) the build is one equation
+    of the primitive ``staged`` (:data:`affine_matrices_p` or
+    :data:`host_affine_matrices_p`).
     """
     build = _Build(sub, region, batch)
-    if staged:
-        built = affine_matrices_p.bind(*consts, build=build)
+    if staged is not None:
+        built = staged.bind(*consts, build=build)
     elif backend != "compiled" and (built := build.on_host(consts)) is not None:
         pass
     elif backend == "compiled" or backend == "auto" and _compile_pays(sub):
@@ -570,28 +580,31 @@ def collapse(
         region = plan.region
         inputs = sum(map(_size, region.sources))
         build = inputs * sum(eqn_flops(jaxpr.eqns[i]) for i in region.eqns)
-        affordable = build <= BUILD_FLOPS or (  # or the host builds it (nothing compiled)
-            build <= HOST_BUILD_FLOPS and not staged and backend != "compiled"
-            and _linear.covers(jaxpr.eqns[i] for i in region.eqns)
-        )
+        # or the host builds it (nothing compiled), for every value: a folding
+        # program then stages the build as host_affine_matrices (see there)
+        on_host = (build > BUILD_FLOPS and build <= HOST_BUILD_FLOPS and backend != "compiled"
+                   and _linear.covers(jaxpr.eqns[i] for i in region.eqns))
+        affordable = build <= BUILD_FLOPS or on_host
         # inputs == 0: zero-size sources, nothing to collapse (and no columns to build)
         if inputs and plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
-            chosen.append((region, Collapse(
+            chosen.append((region, on_host, Collapse(
                 plan.removed, inputs, sum(map(_size, region.roots)),
                 plan.flops_before, plan.flops_after, plan.stored,
             )))
     if not chosen:
         return jaxpr, list(consts), []
-    subs = [_sub_jaxpr(jaxpr, n, region, kinds) for region, _ in chosen]
+    subs = [_sub_jaxpr(jaxpr, n, region, kinds) for region, _, _ in chosen]
     index = {v: i for i, v in enumerate(jaxpr.invars[:n])}
-    batches = [max(1, min(c.inputs, BUILD_BYTES // max(1, _peak_bytes(sub, kinds)))) for (sub, _), (_, c) in zip(subs, chosen)]
-    built = [_jacobian(sub, [consts[index[v]] for v in constvars], region, batch, staged, backend)
-             for (sub, constvars), (region, _), batch in zip(subs, chosen, batches)]
+    batches = [max(1, min(c.inputs, BUILD_BYTES // max(1, _peak_bytes(sub, kinds))))
+               for (sub, _), (_, _, c) in zip(subs, chosen)]
+    built = [_jacobian(sub, [consts[index[v]] for v in constvars], region, batch,
+                       (host_affine_matrices_p if on_host else affine_matrices_p) if staged else None, backend)
+             for (sub, constvars), (region, on_host, _), batch in zip(subs, chosen, batches)]
     producer = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
     inserts: dict[int, list] = {}
     rename: dict[Any, Any] = {}
     new_vars, new_consts = [], []
-    for (region, _), pairs in zip(chosen, built):
+    for (region, _, _), pairs in zip(chosen, built):
         for r, (m, c) in zip(region.roots, pairs):
             srcs = region.root_sources[r]
             c = c if r in shifted else None
@@ -619,7 +632,7 @@ def collapse(
         eqns.extend(inserts.get(i, ()))
     invars = [*jaxpr.invars[:n], *new_vars, *jaxpr.invars[n:]]
     out = _compat.with_invars(jaxpr.replace(eqns=eqns, outvars=sub(jaxpr.outvars)), invars)
-    return out, [*consts, *new_consts], [c for _, c in chosen]
+    return out, [*consts, *new_consts], [c for _, _, c in chosen]
 
 
 __all__ = ["Collapse", "classify", "collapse", "is_affine"]

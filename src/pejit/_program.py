@@ -70,7 +70,10 @@ class FoldingProgram:
         self.traced = traced
         self.backend = backend
         self.compiled: Callable | None = None
-        self._compilable = True
+        # one without a lowering (a host-built affine matrix) is evaluated
+        # for every value, not lowered to find that out
+        platform = jax.default_backend()
+        self._compilable = all(_compat.has_lowering(e.primitive, platform) for e in traced.jaxpr.eqns)
         # the residual jaxpr taking every folded constant, and which of them
         # it is given (equal and uniform ones are not passed), as planned on
         # the first value; see SharePlan
@@ -90,9 +93,9 @@ class FoldingProgram:
 
     def first_value(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
         """The folded constants of the first value (see the class docstring)."""
-        if self.backend == "compiled" or (
+        if self._compilable and (self.backend == "compiled" or (
             self.backend == "auto" and _batch.one_program_pays(self.traced.jaxpr.eqns)
-        ):
+        )):
             consts = self(*arrays)
             if tick is not None:
                 tick(len(self.traced.jaxpr.eqns))
