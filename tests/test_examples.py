@@ -22,6 +22,7 @@ CASES = {
     "tfc_ode.py": (["--points", "16", "--degree", "6", "--repeat", "2"], ["max error", "per solve"]),
     "pln_fit.py": (["--n", "30", "--p", "3", "--steps", "4"], ["pejit and jax.jit agree", "one ELBO evaluation"]),
     "multihost.py": (["--rows", "256"], ["process 1: holds 50% of A", "both processes agree"]),
+    "export_folded.py": (["--n", "64", "--repeat", "2"], ["no custom call", "the deployed process agrees"]),
 }
 
 
