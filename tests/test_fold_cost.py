@@ -250,3 +250,25 @@ def test_the_collector_is_paused_while_folding_and_restored(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_batch_logs_what_it_wrote_and_what_it_kept(caplog):
+    """A chain of elementwise work on a constant writes every intermediate
+    but keeps one array: the log line says both (issue 35's measure of what
+    materializing costs)."""
+    import logging
+    import re
+
+    a, x = np.ones((64, 64), np.float32), np.ones(64, np.float32)
+
+    def chain(a, x):
+        for k in range(6):
+            a = jnp.sin(a) * (k + 1.0)
+        return a @ x
+
+    with caplog.at_level(logging.DEBUG, logger="pejit"):
+        pejit(a, x, constant_arg_nums=[0], fold_options=pejit_module.FoldOptions(backend="eager"))(chain)(x)
+    lines = [r.getMessage() for r in caplog.records if "batch of" in r.getMessage()]
+    written, kept = map(float, re.search(r"([\d.]+) MiB written, ([\d.]+) MiB kept", lines[-1]).groups())
+    one = 64 * 64 * 4 / 2**20
+    assert kept == pytest.approx(one, abs=0.05) and written >= 10 * one

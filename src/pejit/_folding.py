@@ -620,7 +620,7 @@ class Folder:
             )
             self.progress.batch(
                 Counter(seg.backend for seg in plan), len(batch), sum(r.out_bytes() for r in batch),
-                time.perf_counter() - start,
+                sum(_batch.nbytes(v.aval) for v in outputs), time.perf_counter() - start,
             )
         return [self._materialized[v] for v in targets]
 

@@ -100,11 +100,12 @@ class Progress:
         finally:
             self.log(logging.INFO, "%s %.3g s", what, time.perf_counter() - start)
 
-    def batch(self, backends: dict, equations: int, out_bytes: int, seconds: float) -> None:
-        """Log one batch of known work at ``DEBUG``."""
+    def batch(self, backends: dict, equations: int, out_bytes: int, kept_bytes: int, seconds: float) -> None:
+        """Log one batch of known work at ``DEBUG``: what its equations wrote
+        (``out_bytes``, the intermediates included) against what it kept."""
         how = ", ".join(f"{n} {b}" for b, n in sorted(backends.items()))
-        self.log(logging.DEBUG, "batch of %d equations (segments: %s), %.1f MiB out, %.3g s",
-                 equations, how, out_bytes / 2**20, seconds)
+        self.log(logging.DEBUG, "batch of %d equations (segments: %s), %.1f MiB written, %.1f MiB kept, %.3g s",
+                 equations, how, out_bytes / 2**20, kept_bytes / 2**20, seconds)
 
     def close(self) -> None:
         if self._bar is not None:
