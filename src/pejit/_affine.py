@@ -111,8 +111,14 @@ class Collapse:
 
 
 def _real(aval) -> bool:
-    # jax.dtypes', not NumPy's: extended dtypes (PRNG keys) are no NumPy type
-    return jax.dtypes.issubdtype(aval.dtype, np.floating)
+    # jax.dtypes', not NumPy's: extended dtypes (PRNG keys) are no NumPy type;
+    # a dtype with no zero (float8_e8m0fnu: 0 is NaN) has no matrix of the map
+    return jax.dtypes.issubdtype(aval.dtype, np.floating) and _has_zero(aval.dtype)
+
+
+@functools.cache
+def _has_zero(dtype) -> bool:
+    return bool(np.asarray(0, dtype) == 0)
 
 
 def classify(jaxpr, known: Sequence[bool]) -> dict[Any, str]:
@@ -183,7 +189,8 @@ def offsets(jaxpr, kinds: dict[Any, str], zero_inputs: Sequence[bool] = ()) -> s
             shifted = offsets(inner, inner_kinds, [zero(a) for a in eqn.invars])
             # an output known inside the call is an offset too
             has = any(
-                v in shifted or ((isinstance(v, _compat.Literal) or inner_kinds[v] == CONST) and not zero(v))
+                (isinstance(v, _compat.Var) and v in shifted)
+                or ((isinstance(v, _compat.Literal) or inner_kinds[v] == CONST) and not zero(v))
                 for v in inner.outvars
             )
         else:
@@ -585,8 +592,8 @@ def collapse(
         on_host = (build > BUILD_FLOPS and build <= HOST_BUILD_FLOPS and backend != "compiled"
                    and _linear.covers(jaxpr.eqns[i] for i in region.eqns))
         affordable = build <= BUILD_FLOPS or on_host
-        # inputs == 0: zero-size sources, nothing to collapse (and no columns to build)
-        if inputs and plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
+        # zero-size sources or roots: nothing to collapse (and no columns to build)
+        if inputs and all(map(_size, region.roots)) and plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
             chosen.append((region, on_host, Collapse(
                 plan.removed, inputs, sum(map(_size, region.roots)),
                 plan.flops_before, plan.flops_after, plan.stored,
