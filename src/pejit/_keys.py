@@ -161,7 +161,7 @@ def dynamic_key(value: Any, what: int | str | None = None) -> Any:
     """
     if type(value) is _compat.ArrayImpl or isinstance(value, _compat.Tracer):
         return value.aval
-    if type(value) is np.ndarray:  # the key of a jax.Array of its type, as jax.jit's cache has it
+    if isinstance(value, (np.ndarray, np.generic)):  # the key of a jax.Array of its type, as jax.jit's has it
         return jax.typeof(value)
     leaves, treedef = _flatten(value)
     try:
