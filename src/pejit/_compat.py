@@ -280,6 +280,21 @@ def axis_env_key() -> tuple:
 _canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
 
 
+try:  # a value's weak type, set without a change of dtype (public lax has no weak_type)
+    from jax._src.lax.lax import _convert_element_type
+except ImportError:  # pragma: no cover
+    _convert_element_type = None
+
+
+def weakly_typed(x: Any) -> Any:
+    """``x`` (a ``jax.Array``) weakly typed, as a Python scalar's value is:
+    what a weak value stored as NumPy (which has no weak types) was."""
+    if _convert_element_type is None:  # pragma: no cover
+        return x
+    with at_top_level():
+        return _convert_element_type(x, weak_type=True)
+
+
 def literal(value: Any, aval: Any) -> Literal:
     """A literal of ``aval`` holding the scalar ``value``, as JAX's staging makes one.
 

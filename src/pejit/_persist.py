@@ -69,7 +69,7 @@ import jaxlib
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from . import _jaxpr_json
+from . import _compat, _jaxpr_json
 from ._errors import PejitWarning
 from ._folding import FoldOptions, FoldStats
 from ._keys import is_array
@@ -385,7 +385,10 @@ def specialize(
     store = Store(root)
     hit = store.load(k)
     if hit is not None:
-        consts = place([jax.device_put(c) for c in hit.consts], jax.device_put)
+        # NumPy has no weak types: the residual's inputs say which constants were weak
+        weak = [getattr(v.aval, "weak_type", False) for v in hit.jaxpr.invars[: len(hit.consts)]]
+        consts = place([_compat.weakly_typed(jax.device_put(c)) if w else jax.device_put(c)
+                        for c, w in zip(hit.consts, weak)], jax.device_put)
         notes = (f"folded constants read from the persistent cache ({store.root / k})",)
         program = Program(hit.jaxpr, len(consts), out_tree, hit.stats, notes,
                           runner(hit.jaxpr, len(consts), out_tree), None)
