@@ -278,6 +278,8 @@ def share_constants(jaxpr, consts: Sequence[Any]) -> SharePlan | None:
         value = None if var in outputs or var in unfused else uniform_value(c)
         twin = kinds[np.shape(c), str(getattr(c, "dtype", type(c)))] > 1
         key = content_key(c) if twin else ("id", id(c))
+        # equal contents of another weak type are another value (an output keeps its own)
+        key = (key, getattr(var.aval, "weak_type", False))
         if value is not None:
             splats.append((i, value))
             eqns.append(_splat(var, value))
