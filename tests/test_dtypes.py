@@ -813,3 +813,18 @@ def test_numpy_constants_follow_jax_semantics(case):
         C, x = np.ones((2, 2), jnp.bfloat16), jnp.ones(2, jnp.bfloat16)
         got = pejit(lambda C, x: (C @ C if C.sum() > 0 else C) @ x, constant_argnums=0)(C, x)
         check_close(got, jax.jit(lambda C, x: (C @ C) @ x)(C, x), case)
+
+
+@pytest.mark.parametrize("order", ["folded_first", "literal_first"])
+def test_equal_folded_scalars_of_other_weak_types_stay_apart(order):
+    """A folded float32 scalar equal to a weakly typed one (here a nested
+    call's literal output) keeps its own type: sharing equal constants once
+    merged them (findings-dtypes #7)."""
+    inner = jax.jit(lambda a: (a, 1.0))
+
+    def f(a):
+        folded, literal = inner(a)[0] * 2, inner(a)[1]
+        return (folded, literal) if order == "folded_first" else (literal, folded)
+
+    a = jnp.float32(0.5)  # a * 2 == 1.0
+    check_close(pejit(f, constant_argnums=0)(a), jax.jit(f)(a), order)
