@@ -799,7 +799,7 @@ def test_affine_collapse_with_zero_size_output(dtype):
 @pytest.mark.xfail(strict=True, reason="findings-dtypes #6: a concrete trace (TFC form, value-dependent "
                    "call-time form) hands NumPy constants to the function as NumPy arrays, so work on "
                    "them alone runs in NumPy: bfloat16 matmul gives float32, float64 is not canonicalized")
-@pytest.mark.parametrize("case", ["bf16_matmul_tfc", "f64_tfc", "bf16_value_dependent"])
+@pytest.mark.parametrize("case", ["bf16_matmul_tfc", "f64_tfc", "bf16_value_dependent", "explain_at"])
 def test_numpy_constants_follow_jax_semantics(case):
     if case == "bf16_matmul_tfc":
         C = np.ones((2, 2), jnp.bfloat16)
@@ -809,6 +809,11 @@ def test_numpy_constants_follow_jax_semantics(case):
         C = np.full(2, 1 + 2.0**-30)
         f = lambda C: (C - 1) * 2.0**30  # noqa: E731  (jax.jit: 0 in float32; NumPy float64: 1)
         check_close(pejit(C, constant_arg_nums=[0])(f)(), jax.jit(f)(C), case)
+    elif case == "explain_at":  # explain traces concretely; the call itself works
+        a, b = np.ones(3, np.float32), jnp.zeros(3)
+        g = pe(lambda a, b: a.at[:1].set(b[:1]), constant_argnums=(0, 1))
+        check_close(g(a, b), jnp.asarray([0.0, 1.0, 1.0]), case)
+        assert str(explain(g, a, b))
     else:  # value-dependent: traced concretely for each value
         C, x = np.ones((2, 2), jnp.bfloat16), jnp.ones(2, jnp.bfloat16)
         got = pejit(lambda C, x: (C @ C if C.sum() > 0 else C) @ x, constant_argnums=0)(C, x)
