@@ -24,6 +24,7 @@ from ._jit import Pejitted
 from ._keys import dynamic_aval
 from ._tfc import BoundPejitted, core_call
 from ._report import FoldReport
+from ._specializer import as_jax
 
 
 class _StageAll(Folder):
@@ -121,7 +122,7 @@ def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> No
 
 def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
     """The unfolded program on the dynamic arguments, constants as ``consts``."""
-    const_pos, const_kw, dyn_args, dyn_kwargs = split_call(pj.info, args, kwargs)
+    const_pos, const_kw, dyn_args, dyn_kwargs = as_jax(split_call(pj.info, args, kwargs))
     leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
     avals = [dynamic_aval(leaf) for leaf in leaves]
 

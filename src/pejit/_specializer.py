@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from . import _argnums, _compat, _errors, _persist, _progress
 from ._gc import pausing
@@ -89,8 +91,9 @@ def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list)
 
     Each call appends the output's tree structure to ``out_trees``.
     """
-    const_pos = tuple(zip(where[0], const_vals[0]))
-    const_kw = dict(zip(where[1], const_vals[1]))
+    values = as_jax(const_vals)
+    const_pos = tuple(zip(where[0], values[0]))
+    const_kw = dict(zip(where[1], values[1]))
     fun = info.fun
 
     def flat_fun(*leaves):
@@ -103,6 +106,23 @@ def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list)
     # JAX's errors while tracing name the user's function and arguments.
     _errors.name_after(flat_fun, fun, where, const_vals, in_tree)
     return flat_fun
+
+
+def as_jax(constants: Any) -> Any:
+    """``constants`` with their NumPy array leaves made ``jax.Array``s.
+
+    ``jax.jit`` hands the function a JAX value for every array argument, so
+    arithmetic among constants follows JAX's rules (bfloat16 stays
+    bfloat16, the user's x64 setting holds); a NumPy array would compute
+    with NumPy's. Concrete values still serve Python control flow and
+    boolean masks. The cache keys are taken from the arrays as given.
+
+    Examples:
+      >>> import numpy as np
+      >>> as_jax([np.ones(2, np.float64), "static"])[0].dtype  # x64 off, as in jax.jit
+      dtype('float32')
+    """
+    return jax.tree_util.tree_map(lambda v: jnp.asarray(v) if isinstance(v, (np.ndarray, np.generic)) else v, constants)
 
 
 def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tree, in_tree, avals):
