@@ -16,18 +16,20 @@ Two parts:
   reductions, shape ops, concatenate, where, cumulative ops, sort, a nested
   ``jax.jit`` call with a literal output, ``jnp.linalg``, an affine chain
   that the affine collapse rewrites, typed PRNG keys), a dtype, shapes, the
-  API form, which arguments are constant, and NumPy or ``jax.Array`` per
-  argument; combinations ``jax.jit`` itself rejects are skipped. Values are
+  API form (``pejit``/``pe``, call-time or TFC), which arguments are
+  constant, NumPy or ``jax.Array`` per argument, a static argument and the
+  folding back end; combinations ``jax.jit`` itself rejects are skipped. Values are
   compared with ``jax.jit``'s: bit for bit for bool, integer and key
   outputs, within a few ulps of the output's dtype for floating ones. The
   call-time forms are called a second time with new values of every
-  argument, constants included.
+  argument, constants included; ``report``/``explain`` are rendered, and
+  some cases go through the persistent cache (stored, then read).
 * Deterministic regression tests, parametrized by dtype, for the failures
   the issue lists.
 
 The run is derandomized; ``PEJIT_DTYPE_EXAMPLES`` sets the number of
-examples (default 60; ``PEJIT_RANDOM_EXAMPLES``, which CI lowers on old JAX,
-caps it).
+examples (default 120, about 10 s here; ``PEJIT_RANDOM_EXAMPLES``, which CI
+lowers on old JAX, caps it).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ from ._util import Counter
 pytestmark = pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
 
 EXAMPLES = min(
-    int(os.environ.get("PEJIT_DTYPE_EXAMPLES", 60)),
-    int(os.environ.get("PEJIT_RANDOM_EXAMPLES", 60)),
+    int(os.environ.get("PEJIT_DTYPE_EXAMPLES", 120)),
+    int(os.environ.get("PEJIT_RANDOM_EXAMPLES", 120)),
 )
 
 # -- dtypes ------------------------------------------------------------------
@@ -203,6 +205,18 @@ def _nested(a, b):
     return s, one, s * 2
 
 
+_inner_known = jax.jit(lambda a, b: (a * a + b, a * 3, 2))  # work on a alone; an int literal out
+
+
+def _nested_known(a, b):
+    s, t, two = _inner_known(a, b)
+    return s + t * two, _inner_known(a, b)[1]  # called twice: CSE
+
+
+def _repeated(a, b):  # the same work twice, for the residual's CSE
+    return (a * b + a) * (a * b + a) - (a * b + a)
+
+
 def _affine(c1, c2, x):
     return c1 @ (c2 @ x)
 
@@ -228,6 +242,11 @@ class Case:
     seed: int
     persist: bool
     static: bool  # a last, static argument (pejit's call-time form)
+    backend: str = "auto"  # FoldOptions.backend: how known work is evaluated
+
+    @property
+    def options(self):
+        return FoldOptions(backend=self.backend)
 
     def fun(self):
         f = _fun(self.op, self.param)
@@ -287,7 +306,7 @@ def _fun(op, param):
     if op == "sort":
         return SORT[param]
     if op == "nested":
-        return _nested
+        return {"": _nested, "known": _nested_known, "repeated": _repeated}[param]
     if op == "index":
         return INDEX[param]
     if op == "fft":
@@ -340,7 +359,7 @@ def cases(draw):
         param, dt = draw(st.sampled_from(sorted(UNARY))), draw(any_dtype)
         args = [Arg(draw(shapes(0, 6)), dt)]
     elif op in ("binary", "nested"):
-        param = draw(st.sampled_from(sorted(BINARY))) if op == "binary" else ""
+        param = draw(st.sampled_from(sorted(BINARY) if op == "binary" else ["", "known", "repeated"]))
         dt = draw(any_dtype)
         a = draw(shapes(0, 5))
         b = draw(st.sampled_from([a, (), a[1:], a]))  # same shape or broadcast
@@ -433,7 +452,8 @@ def cases(draw):
     persist = form == "pejit" and any(known) and draw(st.integers(0, 4)) == 0
     static = form == "pejit" and draw(st.integers(0, 3)) == 0  # pe takes no jax.jit keywords
     seed = draw(st.integers(0, 2**16))
-    return Case(op, param, tuple(args), tuple(known), as_jax, form, seed, persist, static)
+    backend = draw(st.sampled_from(["auto", "auto", "eager", "compiled"]))
+    return Case(op, param, tuple(args), tuple(known), as_jax, form, seed, persist, static, backend)
 
 
 # -- comparison --------------------------------------------------------------
@@ -491,11 +511,11 @@ def _call(case, fun, args, persist_dir=None):
     dyn = [a for a, k in zip(args, case.known) if not k]
     if case.form in ("pejit", "pe"):
         make = pejit if case.form == "pejit" else pe
-        opts = {"fold_options": FoldOptions(cache_dir=persist_dir)} if persist_dir else {}
-        g = make(fun, constant_argnums=tuple(known), **opts, **case.jit_kwargs)
+        opts = dataclasses.replace(case.options, cache_dir=persist_dir) if persist_dir else case.options
+        g = make(fun, constant_argnums=tuple(known), fold_options=opts, **case.jit_kwargs)
         return g, g(*args)
     make = pejit if case.form == "pejit_tfc" else pe
-    g = make(*args, constant_arg_nums=known)(fun)
+    g = make(*args, constant_arg_nums=known, fold_options=case.options)(fun)
     return g, g(*dyn)
 
 
@@ -796,9 +816,6 @@ def test_affine_collapse_with_zero_size_output(dtype):
     check_close(pejit(_affine_sum, constant_argnums=(0, 1))(C1, C2, x), jax.jit(_affine_sum)(C1, C2, x), dtype)
 
 
-@pytest.mark.xfail(strict=True, reason="findings-dtypes #6: a concrete trace (TFC form, value-dependent "
-                   "call-time form) hands NumPy constants to the function as NumPy arrays, so work on "
-                   "them alone runs in NumPy: bfloat16 matmul gives float32, float64 is not canonicalized")
 @pytest.mark.parametrize("case", ["bf16_matmul_tfc", "f64_tfc", "bf16_value_dependent", "explain_at"])
 def test_numpy_constants_follow_jax_semantics(case):
     if case == "bf16_matmul_tfc":
