@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 from jax import lax
 
@@ -570,9 +570,23 @@ def persist_dir():
         yield d
 
 
+def _found(op, param, shapes, dtype, known, as_jax, form, seed=0, persist=False):
+    """A case the property test once failed on (findings-dtypes), kept as an example."""
+    return example(case=Case(op, param, tuple(Arg(s, dtype) for s in shapes), known, as_jax, form, seed,
+                             persist, static=False))
+
+
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(case=cases())
+@_found("affine", "chain", [(3, 3), (3, 3), (3,)], "float8_e8m0fnu", (True, True, False), (True,) * 3, "pejit")  # 1
+@_found("nested", "", [(0, 1, 0)] * 2, "float8_e5m2", (False, False), (False, False), "pe_tfc", 376)  # 2
+@_found("nested", "", [(3,)] * 2, "float32", (True, True), (True, False), "pejit", 5112, persist=True)  # 4
+@_found("affine", "sum", [(0, 3), (0, 3), (3,)], "float16", (True, True, False), (True, False, True), "pe", 169)  # 5
+@_found("affine", "sum", [(1, 3), (1, 3), (3,)], "float8_e4m3", (True,) * 3, (False,) * 3, "pe_tfc", 278)  # 6
+@_found("affine", "sum", [(1, 0), (1, 0), (0,)], "uint4", (False, True, True), (True, False, False), "pe_tfc", 2)  # 6
+@_found("index", "set", [(1, 3, 2)] * 2, "float8_e3m4", (True, True), (False, True), "pe", 21167)  # 6
+@_found("nested", "", [(), ()], "float32", (True, True), (False, True), "pejit", 1)  # 7
 def test_agrees_with_jit(case, persist_dir):
     check(case, persist_dir)
 
