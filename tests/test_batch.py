@@ -11,8 +11,9 @@ import pytest
 from jax.extend.core import Primitive
 
 from pejit import FoldOptions, pe, pejit
-from pejit import _batch, _compat
+from pejit import _batch
 from pejit._folding import Folder
+from pejit._staging import trace_staging
 from ._util import requires_jax
 
 BACKENDS = ["auto", "eager", "compiled"]
@@ -21,7 +22,7 @@ BACKENDS = ["auto", "eager", "compiled"]
 def plan(fun, *dyn_avals, backend="auto"):
     """Fold ``fun`` (of the dynamic arguments only); return its batch log and residual."""
     folder = Folder(FoldOptions(backend=backend))
-    jaxpr, consts = _compat.trace_staging(lambda *d: [fun(*d)], list(dyn_avals), folder)
+    jaxpr, consts = trace_staging(lambda *d: [fun(*d)], list(dyn_avals), folder)
     jaxpr, consts = folder.finalize(jaxpr, consts)
     return folder.stats.batches, jaxpr
 

@@ -16,6 +16,7 @@ import pytest
 import pejit as pejit_module
 from pejit import pejit
 from pejit import _compat
+from pejit._staging import trace_staging
 
 
 def many_constants(a, x, k):
@@ -146,7 +147,7 @@ def test_kept_values_are_compact():
         return sum(ys)
 
     folder = Folder(FoldOptions())
-    _compat.trace_staging(lambda x: [f(x)], [jax.core.ShapedArray((), jnp.float32)], folder)
+    trace_staging(lambda x: [f(x)], [jax.core.ShapedArray((), jnp.float32)], folder)
     kept = [v for v in folder._materialized.values() if np.size(v) == 4096]
     uniform = [v for v in kept if isinstance(v, np.ndarray) and v.strides == (0,)]
     others = {id(v) for v in kept if not isinstance(v, np.ndarray)}

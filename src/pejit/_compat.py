@@ -1,4 +1,9 @@
-"""Every use of JAX internals (``jax._src``) in pejit lives in this module.
+"""Every use of JAX internals (``jax._src``) in pejit goes through this module.
+
+Here are the imports of ``jax._src``, the version probing, the aliases and
+helpers built on them (jaxpr construction, ``scan``'s parameters, tracers,
+evaluation contexts). :mod:`pejit._staging` builds pejit's staging trace on
+the trace classes and contexts exported here, and imports no internal itself.
 
 A JAX upgrade should be a one-file change: when an internal moves, fix it
 here. Supported: JAX 0.7.0 to 0.12.x (CI runs 0.7.0, 0.10.2 and the newest
@@ -14,7 +19,8 @@ Internals used, why no public API does the job, and where versions differ:
   / ``DynamicJaxprTracer``: pejit traces the user's function with its own
   subclass of ``DynamicJaxprTrace`` so that it can decide, equation by
   equation, whether to evaluate (fold) or to stage, and builds the residual
-  jaxpr as ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``). The public
+  jaxpr as ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``; the subclass
+  is :mod:`pejit._staging`'s, on the classes and contexts exported below). The public
   ``jax.ensure_compile_time_eval`` folds *everything* whose inputs are
   concrete, including ``jax.debug.print`` and ``io_callback``, which must stay
   in the residual program. ``Primitive.bind_with_trace`` takes the input
@@ -94,11 +100,9 @@ policy identifies lazy values by their ``Var``.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import inspect
-import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -175,9 +179,6 @@ try:  # jax.checkpoint's primitive (public since JAX 0.8.2)
     from jax.extend.core.primitives import remat_p
 except ImportError:
     from jax._src.ad_checkpoint import remat_p
-
-if TYPE_CHECKING:  # the contract StagingTrace asks of its policy
-    from ._folding import FoldPolicy
 
 #: Internals looked up by attribute: (owner, name, why pejit needs it).
 _REQUIRED = [
@@ -277,7 +278,7 @@ def axis_env_key() -> tuple:
 
 # JAX >= 0.10 stages only canonical constants (jax.Arrays, not Python or NumPy
 # scalars and arrays); before, DynamicJaxprTrace.new_const converted them.
-_canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
+canonicalize_value = getattr(dtypes, "canonicalize_value", lambda x: x)
 
 
 try:  # a value's weak type, set without a change of dtype (public lax has no weak_type)
@@ -303,22 +304,8 @@ def literal(value: Any, aval: Any) -> Literal:
     does, where a NumPy scalar would bind as a strongly typed value.
     """
     if getattr(aval, "weak_type", False):
-        value = _canonicalize_value(np.asarray(value).item())
+        value = canonicalize_value(np.asarray(value).item())
     return Literal(value, aval)
-
-
-def _canonical_output(name: str, i: int, x: Any) -> Any:
-    """Python and NumPy outputs become JAX values, as under ``jax.jit``."""
-    if isinstance(x, core.Tracer):
-        return x
-    try:
-        core.typeof(x)
-    except TypeError:
-        raise TypeError(
-            f"{name} returned a value of type {type(x).__name__} as its output leaf {i}, "
-            "which is not a valid JAX type"
-        ) from None
-    return _canonicalize_value(x)
 
 
 ArrayImpl = _array.ArrayImpl
@@ -521,45 +508,9 @@ def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
         return _bind(prim, core.eval_trace if trace is None else trace, tuple(args), params)
 
 
-def policy_of(x: Any):
-    """The folding policy of the :class:`StagingTrace` that made ``x``, else None."""
-    return getattr(trace_of(x), "policy", None)
-
-
 def at_top_level():
     """Context manager: no transformation is active (for folding, compiling)."""
     return core.set_current_trace(core.eval_trace)
-
-
-class ClosedOverTracer(Exception):
-    """A function being specialized reached a tracer of a trace its specialization did not open.
-
-    Such a tracer belongs to an outer transformation the function closes over
-    (``jax.grad(lambda y: pejit(lambda x: x * y)(2.0))``), or leaked from an
-    earlier trace. A specialization built at top level, and cached, must not
-    capture it: the caller runs the function without one.
-    """
-
-
-#: The traces a specialization being built may meet, or None outside of
-#: :func:`specializing` (nothing is checked).
-_admitted: contextvars.ContextVar[weakref.WeakSet | None] = contextvars.ContextVar("pejit_admitted", default=None)
-
-
-@contextlib.contextmanager
-def specializing():
-    """Context for building a specialization: at top level, meeting only its own traces.
-
-    A folding trace opened inside admits itself and its parent (the trace of
-    a folding program's abstract constants); a tracer of any other trace
-    that reaches one raises :class:`ClosedOverTracer`.
-    """
-    token = _admitted.set(weakref.WeakSet())
-    try:
-        with core.set_current_trace(core.eval_trace):
-            yield
-    finally:
-        _admitted.reset(token)
 
 
 def evaluating():
@@ -586,172 +537,33 @@ def primitive_effects(prim, avals: Sequence[Any], params: dict):
     return effects
 
 
-class KnowableTracer(_pe.DynamicJaxprTracer):
-    """A staged value whose concrete value the policy may still know.
-
-    Python conversions (``bool``, ``int``, ``float``) ask ``to_concrete_value``,
-    NumPy conversion ``policy.numpy_value``; lazy known values answer by materializing.
-    """
-
-    __slots__ = ()
-
-    def to_concrete_value(self):
-        return self._trace.policy.concrete_value(self)
-
-    def __array__(self, *args, **kwargs):
-        # NumPy conversion (boolean-mask indexing uses it) asks here, not
-        # to_concrete_value.
-        value = self._trace.policy.numpy_value(self)
-        if value is None:
-            return super().__array__(*args, **kwargs)
-        return np.asarray(value).__array__(*args, **kwargs)
-
-    # JAX's Tracer.__float__ and __complex__, unlike __bool__ and __int__,
-    # never ask to_concrete_value.
-    def __float__(self):
-        value = self.to_concrete_value()
-        return super().__float__() if value is None else float(value)
-
-    def __complex__(self):
-        value = self.to_concrete_value()
-        return super().__complex__() if value is None else complex(value)
+# -- what the staging trace (pejit._staging) is made of -----------------------
+#: The trace and tracer classes :class:`~pejit._staging.StagingTrace` and
+#: :class:`~pejit._staging.KnowableTracer` extend (``_METHODS`` above lists the
+#: methods overridden or called, checked at import).
+DynamicJaxprTrace = _pe.DynamicJaxprTrace
+DynamicJaxprTracer = _pe.DynamicJaxprTracer
+#: ``eager_constant_folding(on)``: context scoping JAX's own folding of
+#: operations on concrete values (never set globally).
+eager_constant_folding = _config.eager_constant_folding
+wrap_init = lu.wrap_init
+ensure_no_leaks = core.ensure_no_leaks
+current_source_info = source_info_util.current
+reset_name_stack = source_info_util.reset_name_stack
+convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
 
 
-class StagingTrace(_pe.DynamicJaxprTrace):
-    """A ``DynamicJaxprTrace`` that asks a policy before folding.
-
-    ``process_primitive`` hands every primitive application to ``policy``
-    (``policy(trace, prim, args, params)``), which either returns outputs or
-    returns ``NotImplemented`` to fall back to ordinary staging.
-    ``custom_jvp``/``custom_vjp`` calls do not go through
-    ``process_primitive``: ``policy.call_inputs(trace, args)`` gives their
-    inputs concrete values when all are known (materializing deferred ones).
-    """
-
-    def __init__(self, debug_info, parent_trace, policy: FoldPolicy):
-        super().__init__(debug_info, parent_trace=parent_trace)
-        self.policy = policy
-        admitted = _admitted.get()
-        if admitted is not None:
-            admitted.add(self)
-            if parent_trace is not None:
-                admitted.add(parent_trace)
-
-    def to_jaxpr_tracer(self, x, source_info):
-        # Every value that enters the residual program passes here: a tracer
-        # of a trace the specialization did not open must not (see specializing).
-        if isinstance(x, core.Tracer) and x._trace is not self:
-            admitted = _admitted.get()
-            if admitted is not None and x._trace not in admitted:
-                raise ClosedOverTracer(
-                    f"pejit: the function closes over a {x.aval.str_short()} tracer of a trace it was not "
-                    f"called in ({type(x._trace).__name__}), which a cached specialization cannot hold"
-                )
-        return super().to_jaxpr_tracer(x, source_info)
-
-    def as_current(self):
-        """Context in which JAX operations go through this trace (and its policy)."""
-        return core.set_current_trace(self)
-
-    def process_primitive(self, prim, tracers, params):
-        out = self.policy(self, prim, tracers, params)
-        if out is NotImplemented:
-            return self.stage(prim, tracers, params)
-        return out
-
-    def var_to_tracer(self, var, source_info, parent=None):
-        aval = var.aval
-        if getattr(aval, "has_qdd", False):  # JAX <= 0.11.0: mutable arrays' avals
-            aval = core.AvalQDD(aval, var.initial_qdd)
-        return KnowableTracer(self, aval, var, source_info, parent)
-
-    # A custom_jvp/custom_vjp call is folded whole (JAX's eager path) when its
-    # inputs are all concrete; otherwise it is staged, with known work in its
-    # primal function folded as JAX traces it. Its rules are never bypassed.
-    # Known inputs that are abstract constants (tracers of the outer trace of
-    # a folding program being built) fold the call whole into that program.
-    def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
-        tracers = self.policy.call_inputs(self, tracers)
-        with _config.eager_constant_folding(True):
-            return self._folding_trace(tracers).process_custom_jvp_call(prim, fun, jvp, tracers, **params)
-
-    def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
-        tracers = self.policy.call_inputs(self, tracers)
-        with _config.eager_constant_folding(True):
-            return self._folding_trace(tracers).process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
-
-    def _folding_trace(self, args) -> core.Trace:
-        """The outer trace of ``args`` if they are all values and some are its tracers, else ``super()``."""
-        if any(isinstance(x, core.Tracer) and isinstance(x._trace, StagingTrace) for x in args):
-            return super()
-        return next((x._trace for x in args if isinstance(x, core.Tracer)), super())
-
-    def stage(self, prim, tracers, params):
-        """Record ``prim`` in the residual jaxpr, even on concrete inputs."""
-        with _config.eager_constant_folding(False):
-            return super().process_primitive(prim, _canonical(tracers), params)
-
-    def stage_equation(self, prim, tracers, params):
-        """Record exactly one ``prim`` equation with fresh output variables.
-
-        Unlike :meth:`stage`, custom staging rules (which inline some calls,
-        e.g. ``jit`` with ``inline=True``) are bypassed: the caller keys
-        bookkeeping on the outputs of this one equation.
-        """
-        with _config.eager_constant_folding(False):
-            source_info = source_info_util.current()
-            tracers = [self.to_jaxpr_tracer(t, source_info=source_info) for t in _canonical(tracers)]
-            return self.default_process_primitive(prim, tracers, params, source_info)
+def var_aval(var: Any) -> Any:
+    """The aval a tracer of ``var`` carries: with its QDD on JAX <= 0.11.0 (mutable arrays)."""
+    aval = var.aval
+    if getattr(aval, "has_qdd", False):
+        aval = core.AvalQDD(aval, var.initial_qdd)
+    return aval
 
 
-def _canonical(args):
-    """Values as ``Primitive.bind`` passes them on (a known value unwrapped
-    from a literal may be a Python scalar, which staging rejects)."""
-    return [x if isinstance(x, core.Tracer) else _canonicalize_value(x) for x in args]
-
-
-def trace_staging(
-    fun: Callable[..., Sequence[Any]],
-    in_avals: Sequence[Any],
-    policy: FoldPolicy,
-    name: str = "pejit",
-    eager_bodies: bool = False,
-) -> tuple[Jaxpr, list[Any]]:
-    """Trace ``fun`` (flat arrays in, flat list out) into a jaxpr.
-
-    Operations whose inputs are all concrete are evaluated on the spot when
-    ``policy`` says so; the rest are staged. Returns an open jaxpr whose
-    leading inputs are the folded values, and the list of those values, as
-    ``policy.finalize(jaxpr, consts)`` leaves them (it turns deferred known
-    work into constants). Mirrors ``partial_eval.trace_to_jaxpr_dynamic``.
-
-    ``eager_bodies`` lets JAX itself evaluate operations on concrete values
-    while it traces loop bodies and branches (``eager_constant_folding``), so
-    Python control flow on constants works there too, at the price of
-    folding effects and expansions inside those bodies.
-    """
-    dbg = api_util.debug_info(name, fun, tuple(in_avals), {})
-    wrapped = lu.wrap_init(fun, debug_info=dbg)
-    trace = StagingTrace(dbg, core.trace_ctx.trace, policy)
-    with core.ensure_no_leaks(trace), source_info_util.reset_name_stack():
-        source_info = source_info_util.current()
-        in_tracers = [trace.new_arg(a, source_info=source_info) for a in in_avals]
-        with core.set_current_trace(trace), _config.eager_constant_folding(eager_bodies):
-            ans = wrapped.call_wrapped(*in_tracers)
-        ans = [_canonical_output(name, i, x) for i, x in enumerate(ans)]
-        out_tracers = [trace.to_jaxpr_tracer(x, source_info=source_info) for x in ans]
-        # Name the outputs now that we know how many there are (JAX 0.7
-        # requires resolved result paths here).
-        dbg = dbg._replace(result_paths=tuple(f"result[{i}]" for i in range(len(out_tracers))))
-        jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
-        # Constants first, as plain inputs: what to_jaxpr returns from JAX 0.11.1.
-        jaxpr = _pe.convert_constvars_jaxpr(jaxpr)
-        # Rule thunks of custom_jvp/custom_vjp calls in the jaxpr keep this
-        # trace alive; they must not keep the parent alive too (for a folding
-        # program, the trace of its abstract constants: see ``_program``).
-        trace.parent_trace = None
-        del trace, in_tracers, out_tracers, ans
-    return policy.finalize(jaxpr, list(consts))
+def with_result_paths(dbg: Any, paths: tuple[str, ...]) -> Any:
+    """Debug info ``dbg`` with its result paths resolved (JAX 0.7 requires them in ``to_jaxpr``)."""
+    return dbg._replace(result_paths=paths)
 
 
 def as_traced(traced: jax.stages.Traced, cls: type) -> jax.stages.Traced:

@@ -25,6 +25,7 @@ from ._keys import dynamic_aval
 from ._tfc import BoundPejitted, core_call
 from ._report import FoldReport
 from ._specializer import as_jax
+from ._staging import trace_staging
 
 
 class _StageAll(Folder):
@@ -131,7 +132,7 @@ def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
         out = pj.info.fun(*interleave(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
         return jax.tree_util.tree_leaves(out)
 
-    jaxpr, consts = _compat.trace_staging(flat_fun, avals, _StageAll(), name="explain")
+    jaxpr, consts = trace_staging(flat_fun, avals, _StageAll(), name="explain")
     # Values Python asked for (``if A.sum() > 0``) leave dead equations behind.
     return _compat.close_jaxpr(*_compat.prune(jaxpr, consts))
 

@@ -1,7 +1,7 @@
 """The folding trace: per primitive application, evaluate now or stage.
 
 pejit runs the user's function (or replays a jaxpr) under a
-:class:`~pejit._compat.StagingTrace` whose policy is a :class:`Folder`. The
+:class:`~pejit._staging.StagingTrace` whose policy is a :class:`Folder`. The
 constant arguments are ordinary concrete arrays, so Python control flow and
 data-dependent shapes on them work; every primitive whose inputs are all
 known is *folded* (evaluated once, now), every other one is *staged* into the
@@ -42,33 +42,7 @@ from . import _abstract, _batch, _compat, _flops, _host, _progress, _values
 from ._batch import nbytes
 from ._multihost import check_fetchable
 from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
-
-
-class FoldPolicy(Protocol):
-    """What :class:`~pejit._compat.StagingTrace` asks of its policy.
-
-    :class:`Folder` is the policy pejit folds with; ``explain`` uses one that
-    folds nothing.
-    """
-
-    def __call__(self, trace: _compat.StagingTrace, prim: Primitive, args: Sequence[Any], params: dict) -> Any:
-        """A primitive application: its outputs, or ``NotImplemented`` to stage it."""
-
-    def call_inputs(self, trace: _compat.StagingTrace, args: Sequence[Any]) -> list[Any]:
-        """The inputs a ``custom_jvp``/``custom_vjp`` call sees: concrete
-        values (then JAX folds the call) or ``args`` as they are."""
-
-    def concrete_value(self, tracer: Any) -> Any:
-        """The value Python asks of a staged ``tracer`` (``bool``, ``int``,
-        ``float``), or None if it has none."""
-
-    def numpy_value(self, tracer: Any) -> Any:
-        """The whole array NumPy asks of a staged ``tracer`` (``np.asarray``,
-        boolean masks), or None if it has none."""
-
-    def finalize(self, jaxpr: Any, consts: list[Any]) -> tuple[Any, list[Any]]:
-        """The traced ``jaxpr`` and its ``consts``, with the known values it
-        uses turned into constants: what the trace returns."""
+from ._staging import StagingTrace, policy_of
 
 
 class FoldRule(Protocol):
@@ -82,7 +56,7 @@ class FoldRule(Protocol):
     """
 
     def __call__(
-        self, folder: Folder, trace: _compat.StagingTrace, prim: Primitive, args: Sequence[Any], params: dict
+        self, folder: Folder, trace: StagingTrace, prim: Primitive, args: Sequence[Any], params: dict
     ) -> Any: ...
 
 
@@ -261,9 +235,9 @@ def label(prim, params: dict) -> str:
 
 
 class Folder:
-    """The folding policy of one trace (a :class:`FoldPolicy`), and its bookkeeping.
+    """The folding policy of one trace (a :class:`~pejit._policy.FoldPolicy`), and its bookkeeping.
 
-    Called by :class:`~pejit._compat.StagingTrace` for every primitive
+    Called by :class:`~pejit._staging.StagingTrace` for every primitive
     application; returns the outputs, or ``NotImplemented`` to stage.
 
     Known work is *deferred*: each known equation is staged as a placeholder
@@ -407,7 +381,7 @@ class Folder:
         known by this, never by ``isinstance(x, Tracer)``, so that a folding
         program's trace takes the decisions the concrete trace would take.
         """
-        return _compat.policy_of(x) is self
+        return policy_of(x) is self
 
     def is_abstract(self, x) -> bool:
         """Whether ``x`` is an abstract constant: known, but without a value yet."""
@@ -438,7 +412,7 @@ class Folder:
         return self._materialize([var])[0]
 
     def concrete_value(self, tracer):
-        """Hook for :class:`~pejit._compat.KnowableTracer`: Python asks."""
+        """Hook for :class:`~pejit._staging.KnowableTracer`: Python asks."""
         if not self.is_known(tracer):
             return None
         value = self.materialize(tracer)
@@ -446,7 +420,7 @@ class Folder:
         return None if _abstract.is_abstract(value) else value
 
     def numpy_value(self, tracer):
-        """Hook for :class:`~pejit._compat.KnowableTracer`: NumPy asks for the whole array."""
+        """Hook for :class:`~pejit._staging.KnowableTracer`: NumPy asks for the whole array."""
         value = self.concrete_value(tracer)
         check_fetchable(value)  # sharded across processes: name the user's line
         return value

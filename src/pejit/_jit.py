@@ -30,6 +30,7 @@ from ._info import fixed_positions, parse_pejit_arguments, split_call
 from ._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
 from ._program import Program, Specialization
 from ._specializer import jit_kwargs_for, make_runner, specialize
+from ._staging import ClosedOverTracer, specializing
 from ._stages import Lowered, Traced
 
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -174,7 +175,7 @@ class Pejitted:
             spec, key, layout = self._lookup(args, kwargs)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
-        except _compat.ClosedOverTracer:
+        except ClosedOverTracer:
             # As jax.jit traces again inside each outer trace: the function,
             # run under the caller's trace, sees the tracer it closes over
             # (or fails on a leaked one, as jax.jit's call does).
@@ -249,7 +250,7 @@ class Pejitted:
     def _build(self, args: tuple, kwargs: dict, layout: Layout):
         """A new specialization for this call, and the constants it dies with."""
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
-        with _compat.specializing():
+        with specializing():
             spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
         const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(self.info.name, const_leaves, self._hints_given)

@@ -24,6 +24,7 @@ from ._gc import pausing
 from ._primitives import FUSES_OPERANDS
 from ._progress import Progress
 from ._report import FoldReport
+from ._staging import trace_staging
 from ._values import content_key, uniform_value
 
 
@@ -91,7 +92,7 @@ def fold(
     start = time.perf_counter()
     try:
         folder = Folder(options, progress)
-        jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name)
+        jaxpr, consts = trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
         if not retry_eager_bodies:
             raise
@@ -99,7 +100,7 @@ def fold(
         # pejit traces abstractly (so that effects there stay); let JAX fold
         # eagerly inside bodies instead. A genuinely dynamic value fails again.
         folder = Folder(options, progress)
-        jaxpr, consts = _compat.trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
+        jaxpr, consts = trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = _compat.prune(jaxpr, consts)
     jaxpr = _cse.eliminate(jaxpr)  # so that the collapse costs a shared primal once
     if options.affine:

@@ -29,6 +29,7 @@ from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
 from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
 from ._residual import fold, share_constants, to_device
+from ._staging import ClosedOverTracer
 from ._values import Compactor
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -168,7 +169,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
     try:
         with progress.stage("trace"):
             program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
-    except _compat.ClosedOverTracer:  # no value would help
+    except ClosedOverTracer:  # no value would help
         progress.close()
         raise
     except Exception as e:  # the trace needed a constant's value

@@ -15,6 +15,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
 from .._folding import Folder, replay
+from .._staging import trace_staging
 
 
 #: Stands for an input of a body that is never known (a carry, a scanned input).
@@ -40,7 +41,7 @@ def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool
 
     stats = folder.stats
     before = (Counter(stats.folded), stats.eliminated_branches)
-    jaxpr, hoisted = _compat.trace_staging(interpret, unknown_avals, folder.child(), name="body")
+    jaxpr, hoisted = trace_staging(interpret, unknown_avals, folder.child(), name="body")
     jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
     if not force and not any(concrete) and before == (stats.folded, stats.eliminated_branches):
         return None  # nothing known inside: keep the body as it was
