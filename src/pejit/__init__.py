@@ -17,9 +17,9 @@ from ._errors import PejitWarning as PejitWarning
 from ._errors import WritableConstantWarning as WritableConstantWarning
 from ._explain import explain as explain
 from ._export import export_folded as export_folded
-from ._folding import FoldOptions as FoldOptions
-from ._folding import register_fold_rule as register_fold_rule
+from ._fold_rules import register_fold_rule as register_fold_rule
 from ._jit import Pejitted as Pejitted
+from ._options import FoldOptions as FoldOptions
 from ._persist import PersistentCacheWarning as PersistentCacheWarning
 from ._program import Specialization as Specialization
 from ._report import FoldReport as FoldReport

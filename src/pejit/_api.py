@@ -16,7 +16,7 @@ from . import _compat, _errors
 from ._auto import AutoPejitted
 from ._auto import options as auto_options
 from ._cache import DEFAULT_CACHE_SIZE
-from ._folding import FoldOptions
+from ._options import FoldOptions
 from ._jit import Pejitted
 from ._tfc import BoundPejitted
 

@@ -47,7 +47,7 @@ from . import _batch, _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
 from ._explain import explain
 from ._flops import eqn_flops
-from ._folding import FoldOptions
+from ._options import FoldOptions
 from ._jit import Pejitted
 from ._keys import immutable
 from ._primitives import called_jaxpr

@@ -29,7 +29,7 @@ from jax.interpreters import ad
 
 from ._explain import explain
 from ._api import pejit
-from ._folding import FoldOptions
+from ._options import FoldOptions
 from ._persist import cache_dir
 
 

@@ -17,7 +17,8 @@ import jax
 from jax.extend.core import ClosedJaxpr
 
 from . import _compat
-from ._folding import Folder, FoldOptions
+from ._folding import Folder
+from ._options import FoldOptions
 from ._argnums import interleave
 from ._info import split_call
 from ._jit import Pejitted

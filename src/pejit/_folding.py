@@ -8,7 +8,8 @@ known is *folded* (evaluated once, now), every other one is *staged* into the
 residual jaxpr. Folded values that the residual program needs become its
 constants.
 
-The decision is one loop with a table of rules (``fold_rules``) keyed by
+The decision is one loop with a table of rules (``fold_rules``, in
+:mod:`pejit._fold_rules`) keyed by
 primitive, in the style of JAX's autodidax: a rule handles primitives that
 carry sub-jaxprs (``cond``, ``jit``, loops) by replaying them under the same
 trace, so known work inside them folds too. New behaviour is a new rule.
@@ -27,96 +28,22 @@ Three kinds of known values exist while tracing:
 
 from __future__ import annotations
 
-import dataclasses
-import os
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 from jax.extend.core import Primitive
 
-import time
-
 from . import _abstract, _batch, _compat, _flops, _host, _progress, _values
 from ._batch import nbytes
+from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
+from ._options import FoldOptions
 from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
-from ._staging import StagingTrace, policy_of
-
-
-class FoldRule(Protocol):
-    """A fold rule (as JAX types its ``ConstFoldRule``).
-
-    Called for every application of the primitives it is registered for,
-    with the known arguments materialized (concrete values) unless it was
-    registered with ``deferred=True``. Returns the outputs of ``prim``
-    (values, tracers staged on ``trace``, or a mix), or ``NotImplemented``
-    to leave the equation to :meth:`Folder.default`.
-    """
-
-    def __call__(
-        self, folder: Folder, trace: StagingTrace, prim: Primitive, args: Sequence[Any], params: dict
-    ) -> Any: ...
-
-
-fold_rules: dict[Primitive, FoldRule] = {}
-
-
-#: Primitives whose rule takes deferred known values as they come (tracers);
-#: every other rule sees them materialized, as concrete values.
-deferred_ok: set[Primitive] = set()
-
-
-def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
-    """Register a fold rule (a `FoldRule`) for each primitive in ``prims``.
-
-    The folding trace calls the rule for every application of those
-    primitives; the rule returns the outputs, or ``NotImplemented`` to leave
-    the equation to the default policy (fold it if all inputs are known,
-    else stage it). Inside ``with trace.as_current():`` the rule's JAX code
-    goes through the folding trace: what depends only on known values is
-    folded, the rest is staged into the residual program. ``folder`` answers
-    `Folder.is_known`, counts in ``folder.stats`` and reads
-    ``folder.options``.
-
-    Known values whose folding is deferred (see `Folder`) are
-    materialized before the rule runs, unless ``deferred`` says the rule
-    handles them itself, through `Folder.is_known`. A primitive has
-    one rule: registering again replaces it.
-
-    Examples:
-      A primitive of your own, ``solve(A, b)``, has no lowering; with ``A``
-      constant, its rule folds the inverse and leaves one product:
-
-      >>> import jax, jax.numpy as jnp
-      >>> from jax.extend.core import Primitive
-      >>> from pejit import pejit, register_fold_rule
-      >>> solve_p = Primitive("doc_solve")
-      >>> _ = solve_p.def_impl(jnp.linalg.solve)
-      >>> _ = solve_p.def_abstract_eval(lambda A, b: jax.core.ShapedArray(b.shape, b.dtype))
-      >>> @register_fold_rule(solve_p)
-      ... def fold_solve(folder, trace, prim, args, params):
-      ...     A, b = args
-      ...     if not folder.is_known(A) or folder.is_known(b):
-      ...         return NotImplemented
-      ...     with trace.as_current():
-      ...         return jnp.linalg.inv(A) @ b
-      >>> f = pejit(solve_p.bind, constant_argnums=0)
-      >>> f(2 * jnp.eye(2), jnp.ones(2))
-      Array([0.5, 0.5], dtype=float32)
-      >>> dict(f.report(2 * jnp.eye(2), jnp.ones(2)).residual)
-      {'dot_general': 1}
-    """
-
-    def register(rule: FoldRule) -> FoldRule:
-        for prim in prims:
-            fold_rules[prim] = rule
-            if deferred:
-                deferred_ok.add(prim)
-        return rule
-
-    return register
+from ._staging import policy_of
+from ._stats import FoldStats, label
 
 
 class NeedsValue(Exception):
@@ -128,110 +55,9 @@ class NeedsValue(Exception):
     """
 
 
-@dataclasses.dataclass(frozen=True)
-class FoldOptions:
-    """Switches for pejit's passes, each on by default.
-
-    Turn one off to debug a suspected miscompilation: the result must not
-    change, only how much is folded. The passes are described together in
-    [How pejit works](how-it-works.md#the-passes).
-
-    Attributes:
-      branches: ``cond``/``switch`` with a known index keep only the taken
-        branch; with an unknown index, known work in branches is hoisted.
-      calls: nested ``jax.jit`` calls with some known inputs (or closed-over
-        constants) are specialized through (inlined), so the known work
-        inside them folds; ``jax.checkpoint`` bodies are folded in place.
-      loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
-        hoisted out and folded, and so are carries that stay known.
-      rematerialize: cheap expansions of known values stay in the residual
-        program instead of becoming large constants, where XLA fuses them
-        into their consumers (see ``FUSES_OPERANDS``).
-      literals: folded scalars become literals of the residual jaxpr rather
-        than inputs; equal folded constants are passed once, and uniform
-        ones that only fusing equations read become broadcasts of a literal.
-      expansion_ratio: an expansion is kept lazy when its output is more than
-        this many times larger than its known inputs ...
-      expansion_min_bytes: ... and larger than this many bytes.
-      loop_residual_bytes: per loop, the most bytes of per-iteration known
-        work (``length x size``) folded into stacked constants; a loop that
-        would need more keeps that work in its body.
-      backend: how batches of known work are evaluated: ``"auto"`` (a cost
-        model picks per batch, see `pejit._batch`), ``"eager"`` (op by
-        op) or ``"compiled"`` (one ``jax.jit`` program per batch).
-      cache_dir: where folded constants are kept across processes (see
-        [Caching across runs](caching.md#caching-across-runs)): a directory,
-        ``False`` for no persistent cache, or ``None`` (the default) for the
-        ``PEJIT_CACHE_DIR`` environment variable (set but empty: off), else
-        ``pejit/`` in JAX's ``jax_compilation_cache_dir``. Not part of the
-        cache key.
-      progress: show a progress bar of the fold (``tqdm``, the ``progress``
-        extra; without it, log lines); ``None`` reads the environment
-        variable ``PEJIT_PROGRESS``. Stage timings go to the ``pejit``
-        logger either way (see `pejit._progress`).
-      affine: regions of the residual program that are affine in the
-        dynamic inputs are replaced by one matrix and one offset per output
-        where that is cheaper per call (see `pejit._affine`).
-      affine_max_bytes: the most bytes of matrices and offsets one such
-        region may store.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from pejit import FoldOptions, explain
-      >>> def f(c, x):
-      ...     return jnp.arange(10000.0).reshape(100, 100) * c + x
-      >>> lazy = explain(f, 2.0, 1.0, constant_argnums=0)
-      >>> stored = explain(f, 2.0, 1.0, constant_argnums=0, fold_options=FoldOptions(rematerialize=False))
-      >>> lazy.folded_bytes < 100 < stored.folded_bytes  # the 100x100 expansion is not stored
-      True
-    """
-
-    branches: bool = True
-    calls: bool = True
-    loops: bool = True
-    rematerialize: bool = True
-    literals: bool = True
-    expansion_ratio: float = 2.0
-    expansion_min_bytes: int = 1024
-    loop_residual_bytes: int = 64 * 2**20
-    backend: str = "auto"
-    cache_dir: str | os.PathLike | bool | None = None
-    progress: bool | None = None
-    affine: bool = True
-    affine_max_bytes: int = 16 * 2**20
-
-    def __post_init__(self):
-        if self.backend not in _batch.BACKENDS:
-            raise ValueError(f"FoldOptions: backend must be one of {_batch.BACKENDS}, got {self.backend!r}")
-
-
 #: Known results up to this size, on concrete inputs, are computed at once
 #: rather than deferred to a batch.
 TINY_BYTES = 64
-
-
-@dataclasses.dataclass
-class FoldStats:
-    """What one specialization folded and kept, by primitive name."""
-
-    folded: Counter = dataclasses.field(default_factory=Counter)
-    staged: Counter = dataclasses.field(default_factory=Counter)
-    eliminated_branches: int = 0
-    hoisted: Counter = dataclasses.field(default_factory=Counter)
-    effects_kept: Counter = dataclasses.field(default_factory=Counter)
-    eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
-    flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._flops)
-    batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
-    collapsed: list = dataclasses.field(default_factory=list)  # of _affine.Collapse
-
-
-def label(prim, params: dict) -> str:
-    """How reports count an equation: its primitive, and a nested call's function.
-
-    `jit(cholesky)` rather than `jit`, as the DOT graph labels it.
-    """
-    name = params.get("name")
-    return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
 
 
 class Folder:

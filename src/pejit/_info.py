@@ -18,7 +18,7 @@ import jax
 
 from . import _argnums, _compat
 from ._cache import DEFAULT_CACHE_SIZE
-from ._folding import FoldOptions
+from ._options import FoldOptions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import jax
 from . import _compat, _errors
 from ._cache import CacheInfo, Caches
 from ._dispatch import Layout, dispatcher, numpy_memo, straight_line
-from ._folding import FoldStats
+from ._stats import FoldStats
 from ._info import fixed_positions, parse_pejit_arguments, split_call
 from ._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
 from ._program import Program, Specialization

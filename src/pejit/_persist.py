@@ -71,7 +71,8 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from . import _compat, _jaxpr_json
 from ._errors import PejitWarning
-from ._folding import FoldOptions, FoldStats
+from ._options import FoldOptions
+from ._stats import FoldStats
 from ._keys import is_array
 from ._primitives import CUSTOM_CALLS
 from ._program import Program, Specialization

@@ -20,7 +20,7 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from . import _batch, _compat
-from ._folding import FoldStats
+from ._stats import FoldStats
 from ._primitives import CUSTOM_CALLS
 from ._report import FoldReport
 from ._residual import Residual, SharePlan

@@ -21,8 +21,9 @@ from jax.extend.core import Literal
 
 from ._compat import is_drop_var
 from ._flops import jaxpr_flops
-from ._folding import FoldStats, nbytes
-from ._folding import label as eqn_label
+from ._batch import nbytes
+from ._stats import FoldStats
+from ._stats import label as eqn_label
 
 #: How an equation of the original program fares, by :func:`classify`.
 FOLDED, RESIDUAL, EFFECT = "folded", "residual", "effect"

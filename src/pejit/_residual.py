@@ -19,7 +19,10 @@ from jax.extend.core import ClosedJaxpr
 
 from . import _affine, _compat, _cse, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
-from ._folding import Folder, FoldOptions, FoldStats, nbytes, replay
+from ._batch import nbytes
+from ._folding import Folder, replay
+from ._options import FoldOptions
+from ._stats import FoldStats
 from ._gc import pausing
 from ._primitives import FUSES_OPERANDS
 from ._progress import Progress

@@ -70,7 +70,7 @@ from __future__ import annotations
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from .._folding import register_fold_rule
+from .._fold_rules import register_fold_rule
 from .branches import fold_cond
 from .calls import fold_checkpoint, fold_jit
 from .expansions import fold_dot_general

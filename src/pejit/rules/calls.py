@@ -11,7 +11,8 @@ import weakref
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._folding import Folder, fold_rules, replay
+from .._fold_rules import fold_rules
+from .._folding import Folder, replay
 from .._primitives import CUSTOM_CALLS
 from ._hoist import hoist
 

@@ -36,7 +36,8 @@ from typing import Any
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._folding import Folder, NeedsValue, nbytes
+from .._batch import nbytes
+from .._folding import Folder, NeedsValue
 from ._hoist import hoist_consts
 
 
