@@ -1,4 +1,4 @@
-"""Residual algebra: affine regions collapse into one matrix (pejit._affine), checked against NumPy."""
+"""Residual algebra: affine regions collapse into one matrix (pejit._affine, pejit._collapse), checked against NumPy."""
 
 import jax
 import jax.numpy as jnp
@@ -280,9 +280,9 @@ def test_a_large_expansion_is_not_stored():
 def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
     """A region over ``BUILD_FLOPS`` still collapses where the host builds its matrix
     (concrete constants, rules for every equation), not where ``jvp`` would."""
-    from pejit import _affine
+    from pejit import _collapse
 
-    monkeypatch.setattr(_affine, "BUILD_FLOPS", 0.0)
+    monkeypatch.setattr(_collapse, "BUILD_FLOPS", 0.0)
     closed = jax.make_jaxpr(chain)(C1, C2, C3, X)
     known = {0: C1, 1: C2, 2: C3}
     host = specialize_jaxpr(closed, known)
@@ -301,9 +301,9 @@ def test_both_forms_collapse_what_the_host_builds_for_every_value(monkeypatch):
     value's matrix (``host_affine_matrices``, which has no lowering), so the
     folding program is evaluated, never compiled (by ``jvp`` it would cost
     more than folding the value from scratch)."""
-    from pejit import _affine
+    from pejit import _collapse
 
-    monkeypatch.setattr(_affine, "BUILD_FLOPS", 0.0)
+    monkeypatch.setattr(_collapse, "BUILD_FLOPS", 0.0)
     tfc = pejit(C1, C2, C3, X, constant_arg_nums=[0, 1, 2])(chain)
     assert prims(tfc.specialize(X).residual.jaxpr) == ["dot_general"]
     f = pejit(chain, constant_argnums=(0, 1, 2))

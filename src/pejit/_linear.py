@@ -1,6 +1,6 @@
 """The matrix of an affine region, built on the host: NumPy rules keyed by primitive.
 
-:mod:`pejit._affine` replaces a region of the residual that is affine in its
+:mod:`pejit._collapse` replaces a region of the residual that is affine in its
 dynamic inputs by ``M @ x + c``. Built by ``jax.vmap`` of ``jax.jvp`` over the
 unit basis, ``M`` of TFC's 1440-equation PDE region cost a second: tracing the
 transformed region, then a compile per new shape of its batched products.
@@ -324,7 +324,7 @@ def covers(eqns) -> bool:
 def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> list[tuple[Any, Any]] | None:
     """``(columns, c)`` per output of ``sub``: the output is ``columns.T @ concat(sources, flattened) + c``.
 
-    ``sub`` is a region as :func:`pejit._affine._sub_jaxpr` cuts it: its
+    ``sub`` is a region as :func:`pejit._collapse._sub_jaxpr` cuts it: its
     inputs are the known values it reads (``consts``, concrete) and then its
     dynamic ``sources``. Tangents are carried ``batch`` unit vectors at a
     time. None where a rule is missing (see the module docstring).

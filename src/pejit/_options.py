@@ -57,7 +57,7 @@ class FoldOptions:
         logger either way (see `pejit._progress`).
       affine: regions of the residual program that are affine in the
         dynamic inputs are replaced by one matrix and one offset per output
-        where that is cheaper per call (see `pejit._affine`).
+        where that is cheaper per call (see `pejit._collapse`).
       affine_max_bytes: the most bytes of matrices and offsets one such
         region may store.
 

@@ -72,7 +72,7 @@ class FoldReport:
         counted as they were folded.
       collapsed: regions of the residual program affine in the dynamic
         inputs that were replaced by one matrix and one offset per output
-        (`pejit._affine.Collapse`: equations, FLOPs per call before and
+        (`pejit._collapse.Collapse`: equations, FLOPs per call before and
         after, bytes stored).
 
     Equations are counted by primitive, nested `jax.jit` calls by function

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr
 
-from . import _affine, _compat, _cse, rules  # noqa: F401  (registers the built-in fold rules)
+from . import _collapse, _compat, _cse, rules  # noqa: F401  (registers the built-in fold rules)
 from ._abstract import is_abstract
 from ._batch import nbytes
 from ._folding import Folder, replay
@@ -107,7 +107,7 @@ def fold(
     jaxpr, consts = _compat.prune(jaxpr, consts)
     jaxpr = _cse.eliminate(jaxpr)  # so that the collapse costs a shared primal once
     if options.affine:
-        jaxpr, consts, collapsed = _affine.collapse(jaxpr, consts, options.affine_max_bytes, options.backend)
+        jaxpr, consts, collapsed = _collapse.collapse(jaxpr, consts, options.affine_max_bytes, options.backend)
         if collapsed:
             folder.stats.collapsed.extend(collapsed)
             jaxpr, consts = _compat.prune(jaxpr, consts)

@@ -25,7 +25,7 @@ class FoldStats:
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._flops)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
-    collapsed: list = dataclasses.field(default_factory=list)  # of _affine.Collapse
+    collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
 
 
 def label(prim, params: dict) -> str:

@@ -53,7 +53,7 @@ The passes, in one place:
   uniform ones that only fusing equations read become broadcasts of a
   literal (:class:`~pejit._residual.SharePlan`).
 
-``affine`` (:mod:`pejit._affine`, :mod:`.expansions`)
+``affine`` (:mod:`pejit._affine`, :mod:`pejit._collapse`, :mod:`.expansions`)
   Residual algebra. After folding, each connected region of the residual
   program that is affine in the dynamic inputs (by the rules of
   :mod:`.affine`, one per primitive) is replaced by one matrix and one
