@@ -10,10 +10,10 @@ instead of asking which arguments are fixed:
   ``jax.Array``, or a NumPy array nobody can write) on ``auto_after``
   consecutive calls;
 * it then estimates, on the jaxpr, the FLOPs per call that folding that
-  argument would remove (:func:`removed_flops`) and promotes it to a constant
+  argument would remove (:func:`~pejit._estimates.removed_flops`) and promotes it to a constant
   of a :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``;
   a small fold is then evaluated by one compiled program rather than op by
-  op (:func:`fold_plan`: in a cold process each primitive would compile a
+  op (:func:`~pejit._estimates.fold_plan`: in a cold process each primitive would compile a
   program of its own);
 * calls whose promoted arguments are those same objects (an O(1) identity
   guard, through weak references) go to the ``Pejitted``; any other call
@@ -41,17 +41,15 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import Literal
 
-from . import _batch, _compat
+from . import _compat
 from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
-from ._explain import explain
-from ._flops import eqn_flops
+from ._estimates import fold_plan, removed_flops
 from ._options import FoldOptions
 from ._jit import Pejitted
 from ._keys import immutable
-from ._primitives import called_jaxpr
 from ._report import FoldReport
+from ._unfolded import explained
 
 #: The default ``auto_min_flops``: promotion costs one fold and one compile
 #: (tens of milliseconds here), and removing 2e6 FLOPs per call saves about
@@ -303,7 +301,7 @@ class AutoPejitted:
         return special
 
     def _one_compiled_fold(self, keys: tuple, args: tuple, kwargs: dict) -> bool:
-        """Whether to fold the promoted ``keys`` by one compiled program (see :func:`fold_plan`)."""
+        """Whether to fold the promoted ``keys`` by one compiled program (see :func:`~pejit._estimates.fold_plan`)."""
         try:
             closed, ranges = self._traced(args, kwargs)
         except Exception:  # noqa: BLE001 -- _consider traced the same; keep the default fold
@@ -450,13 +448,11 @@ class AutoPejitted:
         special = self._route(args, kwargs)
         return AutoReport(self.decisions(), None if special is None else special.report(*args, **kwargs))
 
+    @_compat.api_boundary  # an error in the user's function shows no pejit frames, as under pejit.explain
     def explain(self, *args, **kwargs) -> AutoReport:
         """As `report`, with the fold's `before` program (see [`explain`][pejit.explain])."""
         special = self._route(args, kwargs)
-        return AutoReport(self.decisions(), None if special is None else explain(special, *args, **kwargs))
-
-    # ``pejit.explain(auto_fun, ...)`` asks here (``_explain`` does not import this module).
-    __pejit_explain__ = explain
+        return AutoReport(self.decisions(), None if special is None else explained(special, args, kwargs))
 
     # -- jax.jit's staged API: the generic program's ------------------------
     def lower(self, *args, **kwargs):
@@ -532,66 +528,6 @@ def _ordered(keys) -> tuple:
     return (*sorted(k for k in unique if isinstance(k, int)), *sorted(k for k in unique if isinstance(k, str)))
 
 
-def removed_flops(closed_jaxpr, known_invars) -> float:
-    """Estimated FLOPs per call that folding the inputs ``known_invars`` removes.
-
-    An equation folds when all its inputs are known and it has no effects;
-    a call (``jax.jit`` inside the function, as ``jnp.linalg`` functions are)
-    with some known inputs is looked into, as folding inlines it. The count
-    is :mod:`pejit._flops`'s.
-
-    Examples:
-      >>> import jax, jax.numpy as jnp
-      >>> cj = jax.make_jaxpr(lambda X, w: (X.T @ X) @ w)(jnp.ones((10, 4)), jnp.ones(4))
-      >>> removed_flops(cj, [0])  # X.T @ X: 2 * 4 * 4 * 10
-      320.0
-    """
-    jaxpr = closed_jaxpr.jaxpr
-    return _removed(jaxpr, set(jaxpr.constvars) | {jaxpr.invars[i] for i in known_invars})
-
-
-def _removed(jaxpr, known: set) -> float:
-    return sum(eqn_flops(eqn) for eqn in _folded_eqns(jaxpr, known))
-
-
-def _folded_eqns(jaxpr, known: set):
-    """The equations of ``jaxpr`` that folding the ``known`` variables evaluates.
-
-    A call with all inputs known is one equation (evaluated as one program);
-    a call with some known inputs is looked into, as folding inlines it.
-    """
-    for eqn in jaxpr.eqns:
-        ins = [isinstance(v, Literal) or v in known for v in eqn.invars]
-        if all(ins) and not eqn.effects:
-            yield eqn
-            known.update(eqn.outvars)
-        elif any(ins) and (sub_jaxpr := called_jaxpr(eqn.primitive, eqn.params)) is not None:
-            yield from _folded_eqns(
-                sub_jaxpr, set(sub_jaxpr.constvars) | {v for v, k in zip(sub_jaxpr.invars, ins) if k})
-
-
-def fold_plan(closed_jaxpr, known_invars) -> str:
-    """How a promotion folds: ``"compiled"`` (one program) or ``"auto"`` (pejit's default).
-
-    A promotion folds one value, usually in a process that has not
-    evaluated these primitives on these shapes before: the fold runs as one
-    program when that costs less than compiling each distinct primitive
-    (:func:`pejit._batch.one_program_pays`), as for
-    ``cholesky(X.T @ X + lam * I)`` (9 equations, 9 programs against one).
-    Large folds of few distinct operations (an unrolled loop) keep the
-    default, op by op with a shared folding program.
-
-    Examples:
-      >>> import jax, jax.numpy as jnp
-      >>> f = lambda X, w: jnp.linalg.cholesky(X.T @ X + jnp.eye(4)) @ w
-      >>> fold_plan(jax.make_jaxpr(f)(jnp.ones((10, 4)), jnp.ones(4)), [0])
-      'compiled'
-    """
-    jaxpr = closed_jaxpr.jaxpr
-    eqns = _folded_eqns(jaxpr, set(jaxpr.constvars) | {jaxpr.invars[i] for i in known_invars})
-    return "compiled" if _batch.one_program_pays(eqns) else "auto"
-
-
 def options(constant_argnums: Any, **auto: Any) -> dict | None:
     """Validate the ``auto_*`` keywords; ``None`` unless ``constant_argnums == "auto"``."""
     given = {k: v for k, v in auto.items() if v is not None}
@@ -618,4 +554,4 @@ def options(constant_argnums: Any, **auto: Any) -> dict | None:
     return given
 
 
-__all__ = ["AutoCacheInfo", "AutoPejitted", "AutoReport", "DEFAULT_MIN_FLOPS", "removed_flops"]
+__all__ = ["AutoCacheInfo", "AutoPejitted", "AutoReport", "DEFAULT_MIN_FLOPS"]

@@ -1,11 +1,9 @@
 """``explain``: what pejit folds in a function, before running it.
 
-The report pairs the residual program (what pejit compiles) with the
-original one (what ``jax.jit`` would compile with the constants closed
-over). The original is traced with the same machinery as folding, but with
-a policy that folds nothing: known values are staged *lazily*, so Python
-control flow on constants still sees concrete values (``if A.sum() > 0``
-works, as it does under pejit) while every equation lands in the jaxpr.
+The entry point above every form of function pejit makes: a plain function
+with its constant arguments named, a ``Pejitted``, the TFC form's
+``BoundPejitted`` and an ``AutoPejitted`` all lead to one specialization's
+report with its unfolded program (:mod:`pejit._unfolded`).
 """
 
 from __future__ import annotations
@@ -13,44 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-from jax.extend.core import ClosedJaxpr
-
 from . import _compat
-from ._folding import Folder
-from ._options import FoldOptions
-from ._argnums import interleave
-from ._info import split_call
+from ._auto import AutoPejitted
 from ._jit import Pejitted
-from ._keys import dynamic_aval
-from ._tfc import BoundPejitted, core_call
+from ._options import FoldOptions
 from ._report import FoldReport
-from ._specializer import as_jax
-from ._staging import trace_staging
-
-
-class _StageAll(Folder):
-    """A policy that folds nothing, but keeps known values materializable."""
-
-    stores_unfused = False
-
-    def __call__(self, trace, prim, args, params):
-        args = [self._known_value(trace, a) for a in args]
-        if not all(self.is_known(a) for a in args):
-            return NotImplemented
-        try:
-            effects = _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params)
-        except Exception as e:  # no abstract evaluation: the value stands in
-            return self._evaluate_now(prim, args, params, e)
-        if effects:
-            return NotImplemented
-        return self.stage_lazy(trace, prim, args, params)
-
-    def materialize(self, x):
-        # Evaluate outside the staging trace: impls that re-enter JAX
-        # (``custom_jvp_call`` runs its function) must not stage again.
-        with _compat.set_current_trace(_compat.eval_trace):
-            return super().materialize(x)
+from ._tfc import BoundPejitted, core_call
+from ._unfolded import explained
 
 
 @_compat.api_boundary
@@ -89,10 +56,9 @@ def explain(
       >>> r.flops_removed > r.flops_residual
       True
     """
-    explains_itself = getattr(type(fun), "__pejit_explain__", None)  # AutoPejitted
-    if explains_itself is not None:
+    if isinstance(fun, AutoPejitted):  # its decisions, with the fold these arguments run
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
-        return explains_itself(fun, *args, **kwargs)
+        return fun.explain(*args, **kwargs)
     if isinstance(fun, BoundPejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
         core, full_args = core_call(fun, args)
@@ -106,12 +72,7 @@ def explain(
             jit=False, fold_options=fold_options,
         )
         pj._hints_given.update(("nothing", "writable"))  # the report says it: no warnings
-    residual = pj.specialize(*args, **kwargs).residual
-    report = residual.report
-    return FoldReport.build(
-        residual.stats, residual.jaxpr, report.fold_seconds, before=_original(pj, args, kwargs),
-        fallbacks=report.fallbacks,
-    )
+    return explained(pj, args, kwargs)
 
 
 def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> None:
@@ -120,22 +81,6 @@ def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> No
             "explain: this function was made by pejit/pe and already knows its constant "
             "arguments and fold options; pass only the call's arguments"
         )
-
-
-def _original(pj: Pejitted, args: tuple, kwargs: dict) -> ClosedJaxpr:
-    """The unfolded program on the dynamic arguments, constants as ``consts``."""
-    const_pos, const_kw, dyn_args, dyn_kwargs = as_jax(split_call(pj.info, args, kwargs))
-    leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-    avals = [dynamic_aval(leaf) for leaf in leaves]
-
-    def flat_fun(*leaves):
-        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
-        out = pj.info.fun(*interleave(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
-        return jax.tree_util.tree_leaves(out)
-
-    jaxpr, consts = trace_staging(flat_fun, avals, _StageAll(), name="explain")
-    # Values Python asked for (``if A.sum() > 0``) leave dead equations behind.
-    return _compat.close_jaxpr(*_compat.prune(jaxpr, consts))
 
 
 __all__ = ["explain"]
