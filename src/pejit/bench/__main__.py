@@ -20,7 +20,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from . import cases, report  # noqa: E402
+from . import cases, report, targets  # noqa: E402
 
 
 def find_tfc_python(option: str | None) -> str | None:
@@ -60,16 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     for number, run in cases.CASES.items():
         if number in selected:
             if results or errors:  # results so far survive an interrupted run
-                report.write(out, args.name, ctx, results, cases.targets(results), errors, plots=False)
+                report.write(out, args.name, ctx, results, targets.targets(results), errors, plots=False)
             print(f"== case {number}: {run.__doc__.splitlines()[0]}", flush=True)
             try:
                 results[number] = run(ctx)
             except Exception:  # report it, keep measuring the other cases
                 errors[number] = traceback.format_exc()
                 print(errors[number], file=sys.stderr, flush=True)
-    targets = cases.targets(results)
-    report.write(out, args.name, ctx, results, targets, errors)
-    for t in targets:
+    checked = targets.targets(results)
+    report.write(out, args.name, ctx, results, checked, errors)
+    for t in checked:
         print(f"{'PASS' if t.passed else 'FAIL' if t.passed is not None else 'N/A '}  {t.name}: {t.detail}")
     print(f"wrote {out / args.name}")
     return 1 if errors else 0

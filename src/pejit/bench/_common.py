@@ -121,3 +121,9 @@ def worker_main(handlers: dict[str, Callable[[dict], dict]]) -> None:
     spec = json.loads(sys.argv[1])
     out = handlers[spec["case"]](spec)
     print(json.dumps(out), flush=True)
+
+
+def _s(t) -> str:
+    if t is None:
+        return "n/a"
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"

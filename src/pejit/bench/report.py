@@ -13,7 +13,9 @@ import jax
 import jaxlib
 import numpy as np
 
-from .cases import Context, Target, _s
+from ._common import _s
+from .cases import Context
+from .targets import Target
 
 NAMES = {
     "jit_args": "jax.jit, constants as arguments",
