@@ -841,9 +841,9 @@ def test_numpy_constants_follow_jax_semantics(case):
         f = lambda C: (C - 1) * 2.0**30  # noqa: E731  (jax.jit: 0 in float32; NumPy float64: 1)
         check_close(pejit(C, constant_arg_nums=[0])(f)(), jax.jit(f)(C), case)
     elif case == "explain_at":  # explain traces concretely; the call itself works
-        a, b = np.ones(3, np.float32), jnp.zeros(3)
+        a, b = np.ones(3, np.float32), jnp.zeros(3, np.float32)
         g = pe(lambda a, b: a.at[:1].set(b[:1]), constant_argnums=(0, 1))
-        check_close(g(a, b), jnp.asarray([0.0, 1.0, 1.0]), case)
+        check_close(g(a, b), jnp.asarray([0.0, 1.0, 1.0], np.float32), case)
         assert str(explain(g, a, b))
     else:  # value-dependent: traced concretely for each value
         C, x = np.ones((2, 2), jnp.bfloat16), jnp.ones(2, jnp.bfloat16)
