@@ -1,11 +1,16 @@
 """The layering of pejit's modules, read from their source with ``ast``.
 
-* The import graph has no circle (function-level imports count: they are
-  how a circle hides).
-* No module below the API layer imports the API layer.
+* No module is over 600 lines (one idea per module), and every module says
+  in its docstring what it owns.
+* The import graph has no circle. Function-level imports count (they are
+  how a circle hides), and so do type-only ones under ``if TYPE_CHECKING:``:
+  a protocol both sides need lives below both (``_policy``).
+* No module below the API layer imports the API layer, and the API modules
+  import each other only where one builds on another (:data:`BUILDS_ON`).
 * ``jax._src`` is imported only by ``_compat.py``, and only ``_compat.py``
   touches private attributes of JAX objects (``x._trace``, ``get_const``,
-  ``debug_info._replace``).
+  ``debug_info._replace``): the staging trace (``_staging``) is built on the
+  names ``_compat`` exports.
 """
 
 import ast
@@ -23,6 +28,45 @@ API = {
     "pejit._export",
 }
 
+#: The layers, top to bottom, as docs/how-it-works.md's architecture section
+#: draws them: a module imports only modules of its own layer or below.
+LAYERS = [
+    ("tools", {"pejit", "pejit.__main__", "pejit._demo", "pejit._xla_flags"}),
+    ("API", {"pejit._api", "pejit._explain", "pejit._export", "pejit._auto", "pejit._tfc", "pejit._jit"}),
+    ("specializer", {"pejit._specializer", "pejit._program", "pejit._persist", "pejit._unfolded"}),
+    ("calls: options, keys, caches", {
+        "pejit._info", "pejit._argnums", "pejit._keys", "pejit._cache", "pejit._dispatch", "pejit._stages",
+        "pejit._errors", "pejit._jaxpr_json",
+    }),
+    ("partial evaluator", {
+        "pejit._residual", "pejit._folding", "pejit._fold_rules", "pejit.rules", "pejit._cse", "pejit._affine",
+        "pejit._collapse", "pejit._linear", "pejit._multihost",
+    }),
+    ("options and reports", {"pejit._options", "pejit._report", "pejit._stats", "pejit._flops", "pejit._estimates"}),
+    ("folding back end", {
+        "pejit._batch", "pejit._values", "pejit._primitives", "pejit._progress", "pejit._host", "pejit._abstract",
+        "pejit._gc",
+    }),
+    ("staging trace", {"pejit._staging", "pejit._policy"}),
+    ("JAX", {"pejit._compat"}),
+]
+
+#: The most lines a module may have.
+MAX_LINES = 600
+
+#: The API modules each API module may import: ``Pejitted`` (``_jit``) is the
+#: base; the TFC form and ``auto`` are built on it, side by side; ``explain``
+#: and ``export_folded`` accept every form; ``_api`` routes a call to its form.
+#: The package, ``__main__`` and ``_demo`` are the tools on top.
+BUILDS_ON = {
+    "pejit._jit": set(),
+    "pejit._tfc": {"pejit._jit"},
+    "pejit._auto": {"pejit._jit"},
+    "pejit._explain": {"pejit._jit", "pejit._tfc", "pejit._auto"},
+    "pejit._export": {"pejit._jit", "pejit._tfc", "pejit._auto"},
+    "pejit._api": {"pejit._jit", "pejit._tfc", "pejit._auto"},
+}
+
 
 def _module_name(path: pathlib.Path) -> str:
     parts = ("pejit", *path.relative_to(ROOT).with_suffix("").parts)
@@ -33,23 +77,10 @@ def _sources():
     return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
-def _is_type_checking(node) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def _walk(tree):
-    """``ast.walk`` minus ``if TYPE_CHECKING:`` blocks (annotations only)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(c for c in ast.iter_child_nodes(node) if not _is_type_checking(c))
-
-
 def _imports(name: str, path: pathlib.Path, modules) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in _walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "pejit")
         elif isinstance(node, ast.ImportFrom):
@@ -78,6 +109,22 @@ def test_the_graph_is_read():
     assert "pejit.rules" in graph["pejit._residual"]
 
 
+def test_type_only_and_function_level_imports_are_read(tmp_path):
+    path = tmp_path / "_x.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._folding import Folder\n"
+                    "def f():\n    from . import _auto\n")
+    assert _imports("pejit._x", path, {"pejit._folding", "pejit._auto"}) == {"pejit._folding", "pejit._auto"}
+
+
+def test_no_module_is_over_600_lines():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _sources().items()}
+    assert not {name: n for name, n in sizes.items() if n > MAX_LINES}
+
+
+def test_every_module_says_what_it_owns():
+    assert not [name for name, path in _sources().items() if not ast.get_docstring(ast.parse(path.read_text()))]
+
+
 def test_import_graph_has_no_circle():
     graph = _graph()
     state: dict[str, int] = {}
@@ -102,11 +149,36 @@ def test_no_module_below_the_api_layer_imports_it():
     assert not bad
 
 
+def _layer(module: str) -> int:
+    """The layer of ``module`` (a rule module is in its package's; the benchmarks sit with the tools)."""
+    if module.startswith("pejit.bench"):
+        return 0
+    if module.startswith("pejit.rules."):
+        module = "pejit.rules"
+    return next(i for i, (_, members) in enumerate(LAYERS) if module in members)
+
+
+def test_every_module_is_in_a_layer():
+    placed = set().union(*(members for _, members in LAYERS))
+    assert not {m for m in _graph() if m not in placed and not m.startswith(("pejit.bench", "pejit.rules."))}
+
+
+def test_modules_import_only_their_layer_and_below():
+    graph = _graph()
+    up = {(m, d, LAYERS[_layer(d)][0]) for m, deps in graph.items() for d in deps if _layer(d) < _layer(m)}
+    assert not up
+
+
+def test_api_modules_import_only_what_they_build_on():
+    graph = _graph()
+    assert {m: graph[m] & API for m in BUILDS_ON} == BUILDS_ON
+
+
 def test_jax_internals_only_in_compat():
     for name, path in _sources().items():
         if name == "pejit._compat":
             continue
-        for node in _walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert not (node.module or "").startswith("jax._src"), (name, node.lineno)
             elif isinstance(node, ast.Import):

@@ -9,10 +9,10 @@ residual jaxpr. Folded values that the residual program needs become its
 constants.
 
 The decision is one loop with a table of rules (``fold_rules``, in
-:mod:`pejit._fold_rules`) keyed by
-primitive, in the style of JAX's autodidax: a rule handles primitives that
-carry sub-jaxprs (``cond``, ``jit``, loops) by replaying them under the same
-trace, so known work inside them folds too. New behaviour is a new rule.
+:mod:`pejit._fold_rules`) keyed by primitive, in the style of JAX's
+autodidax: a rule handles primitives that carry sub-jaxprs (``cond``,
+``jit``, loops) by replaying them under the same trace, so known work inside
+them folds too. New behaviour is a new rule.
 
 Three kinds of known values exist while tracing:
 

@@ -4,7 +4,7 @@
 :class:`StagingTrace` (a subclass of JAX's ``DynamicJaxprTrace``) that hands
 every primitive application to a :class:`~pejit._policy.FoldPolicy`: the
 policy evaluates it (folds) or returns ``NotImplemented`` to stage it.
-Staged values are :class:`KnowableTracer`\\ s, whose concrete value Python
+Staged values are tracers (:class:`KnowableTracer`) whose concrete value Python
 (``bool``, ``int``, ``float``) and NumPy may still ask the policy for.
 
 :func:`specializing` fences a specialization being built: a tracer of a

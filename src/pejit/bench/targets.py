@@ -1,7 +1,7 @@
 """The suite's targets: each case's results read as pass/fail lines with their figures.
 
 :func:`targets` turns the results of the cases (:mod:`pejit.bench.cases`) into
-:class:`Target`\ s, which the report lists and ``python -m pejit.bench``
+:class:`Target` lines, which the report lists and ``python -m pejit.bench``
 exits on.
 """
 
