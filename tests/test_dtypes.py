@@ -296,7 +296,9 @@ def _fun(op, param):
     if op == "matmul":
         return lambda a, b: a @ b if param == "matmul" else jnp.dot(a, b)
     if op == "concatenate":
-        return (lambda a, b: jnp.concatenate([a, b], axis=0)) if param == "concatenate" else (lambda a, b: jnp.stack([a, b]))
+        if param == "concatenate":
+            return lambda a, b: jnp.concatenate([a, b], axis=0)
+        return lambda a, b: jnp.stack([a, b])
     if op == "where":
         return lambda c, a, b: jnp.where(c, a, b)
     if op == "cumulative":
@@ -312,7 +314,8 @@ def _fun(op, param):
     if op == "fft":
         return FFT[param]
     if op == "cond":  # the predicate depends on the first argument only
-        return lambda a, b: lax.cond(jnp.real(a.reshape(-1)[:1]).sum() > 0, lambda x, y: x * y, lambda x, y: x + y, a, b)
+        return lambda a, b: lax.cond(jnp.real(a.reshape(-1)[:1]).sum() > 0,
+                                     lambda x, y: x * y, lambda x, y: x + y, a, b)
     if op == "linalg":
         return LINALG[param]
     if op == "affine":
@@ -341,10 +344,12 @@ def shapes(draw, min_rank=0, max_rank=4):
     return tuple(draw(DIM) for _ in range(rank))
 
 
+def _sub_byte(name: str) -> bool:
+    return _dtype(name).itemsize * 8 > jax.dtypes.itemsize_bits(_dtype(name))
+
+
 def _dtypes(kinds, bytes_only=False):
-    return st.sampled_from(sorted(
-        n for n, k in DTYPES.items() if k in kinds and not (bytes_only and _dtype(n).itemsize * 8 > jax.dtypes.itemsize_bits(_dtype(n)))
-    ))
+    return st.sampled_from(sorted(n for n, k in DTYPES.items() if k in kinds and not (bytes_only and _sub_byte(n))))
 
 
 @st.composite
@@ -443,7 +448,8 @@ def cases(draw):
         param = draw(st.sampled_from(["normal", "split", "vmap", "bits"]))
         dt = draw(_dtypes(("lowp", "float")))
         key_shape = draw(st.sampled_from([(0,), (3,)])) if param == "vmap" else ()
-        args = [Arg(key_shape, f"key:{draw(st.sampled_from(KEY_IMPLS))}"), Arg(draw(shapes(0, 2)) if param != "normal" else (), dt)]
+        key = Arg(key_shape, f"key:{draw(st.sampled_from(KEY_IMPLS))}")
+        args = [key, Arg(draw(shapes(0, 2)) if param != "normal" else (), dt)]
     n_args = len(args)
     if known is None:
         known = tuple(draw(st.booleans()) for _ in range(n_args))
