@@ -2,7 +2,8 @@
 
 Issue 33, items 1, 3 and 5. Wherever ``jax.jit`` works, pejit must work and
 give the same values: for every dtype JAX has (bool, the integers with
-int4/uint4 and int2/uint2, float16, bfloat16, every float8, float4/float6,
+int4/uint4 and int2/uint2, float16, bfloat16, every float8 (not float4/float6:
+XLA:CPU aborts on them under jax.jit too, see _ABORTS_XLA),
 complex, typed PRNG keys), every shape (zero-size, scalars, high rank),
 NumPy or ``jax.Array`` inputs, in each role (constant or dynamic), through
 each API form. A dynamic argument's specialization key is what ``jax.jit``'s
@@ -89,7 +90,11 @@ def _available(name: str) -> bool:
         return False
 
 
-DTYPES = {n: k for n, k in _CANDIDATES.items() if _available(n)}
+#: XLA:CPU (jaxlib 0.12) aborts the process on a literal of these types
+#: ("literal.cc: Unhandled primitive type F6E3M2FN"), under jax.jit too: a
+#: crash no test can catch, so they are not drawn.
+_ABORTS_XLA = ("float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
+DTYPES = {n: k for n, k in _CANDIDATES.items() if _available(n) and n not in _ABORTS_XLA}
 NUMERIC = ("int", "uint", "lowp", "float", "complex")
 INEXACT = ("lowp", "float", "complex")
 KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
