@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from jax.errors import UnexpectedTracerError
 
 from . import _compat
 from ._compat import Tracer, canonicalize_value, eager_constant_folding, trace_of
@@ -149,15 +150,34 @@ class StagingTrace(_compat.DynamicJaxprTrace):
     # primal function folded as JAX traces it. Its rules are never bypassed.
     # Known inputs that are abstract constants (tracers of the outer trace of
     # a folding program being built) fold the call whole into that program.
+    # A function whose inputs are all known may still close over values of
+    # this trace (a custom_jvp's nondiff_argnums: jax.scipy.special.expn's
+    # order): evaluating it then meets them, and it is staged, as jax.jit does.
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
         tracers = self.policy.call_inputs(self, tracers)
-        with eager_constant_folding(True):
-            return self._folding_trace(tracers).process_custom_jvp_call(prim, fun, jvp, tracers, **params)
+        try:
+            with eager_constant_folding(True):
+                return self._folding_trace(tracers).process_custom_jvp_call(prim, fun, jvp, tracers, **params)
+        except UnexpectedTracerError:
+            if not self._all_known(tracers):
+                raise
+        with eager_constant_folding(False):
+            return super().process_custom_jvp_call(prim, fun, jvp, tracers, **params)
 
     def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
         tracers = self.policy.call_inputs(self, tracers)
-        with eager_constant_folding(True):
-            return self._folding_trace(tracers).process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+        try:
+            with eager_constant_folding(True):
+                return self._folding_trace(tracers).process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+        except UnexpectedTracerError:
+            if not self._all_known(tracers):
+                raise
+        with eager_constant_folding(False):
+            return super().process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)
+
+    @staticmethod
+    def _all_known(args) -> bool:
+        return not any(isinstance(trace_of(x), StagingTrace) for x in args)
 
     def _folding_trace(self, args):
         """The outer trace of ``args`` if they are all values and some are its tracers, else ``super()``."""
