@@ -78,6 +78,8 @@ def _convert(x, *, new_dtype, **_):
         return None
     if x.dtype in FLOATS and new not in FLOATS:
         return None  # float to int or bool: NumPy's rules for NaN and overflow are not XLA's
+    if x.dtype == np.bool_ and x.size and np.ascontiguousarray(x).view(np.uint8).max() > 1:
+        return None  # a bool byte other than 0 or 1 (a view of other bits): NumPy makes it 1, XLA keeps it
     return x.astype(new)
 
 
