@@ -119,3 +119,27 @@ def test_prng_keys_next_to_an_affine_region(impl):
 
     seeds = iter(range(100))
     check(fun, lambda: [jax.random.key(next(seeds), impl=impl), jnp.arange(3.0) + next(seeds)], rtol=1e-5)
+
+
+def test_custom_jvp_closing_over_a_dynamic_nondiff_argument():
+    # expn's order n is a custom_jvp nondiff argument: with x constant, the call's
+    # inputs are all known, yet its function closes over the dynamic n
+    rng = np.random.RandomState(2)
+
+    def make():
+        return [rng.randint(1, 4, (3, 1)).astype(np.int32), rng.uniform(0.1, 3, (2, 1, 4)).astype(np.float32)]
+
+    check(jax.scipy.special.expn, make, rtol=1e-5)
+
+    scale = jax.custom_jvp(lambda k, x: x * jnp.sin(k), nondiff_argnums=(0,))
+    scale.defjvp(lambda k, primals, tangents: (scale(k, *primals), tangents[0] * jnp.sin(k)))
+    check(lambda x, k: scale(k, x * 2.0), _maker(((3,), f32), ((3,), f32)))
+
+
+def test_view_of_bool_bytes_other_than_0_and_1():
+    # a bool array viewed from other bits (jtu.rand_fullrange does this): XLA's
+    # convert keeps the byte, NumPy's astype would make it 1
+    bits = np.array([0xD8, 1, 0, 0x7F], np.uint8)
+    x = jnp.asarray(bits.view(np.bool_))
+    for dtype in (jnp.int8, jnp.uint8):
+        check(lambda x: jnp.asarray(x).view(dtype), lambda: [x])
