@@ -350,7 +350,8 @@ def shapes(draw, min_rank=0, max_rank=4):
 
 
 def _sub_byte(name: str) -> bool:
-    return _dtype(name).itemsize * 8 > jax.dtypes.itemsize_bits(_dtype(name))
+    # by name: jax.dtypes.itemsize_bits is newer than JAX 0.7 (float4/float6 are not drawn)
+    return name in ("int2", "uint2", "int4", "uint4")
 
 
 def _dtypes(kinds, bytes_only=False):
