@@ -84,6 +84,8 @@ def specialize(
         if shared is None:  # other constants are equal or uniform: a residual of its own
             program, shared = shared_program(info, layout, program, consts)
         consts = shared
+    # an evaluated (not compiled) folding program gives host results: copied once, not per call
+    consts = [to_device(c) for c in consts]
     return Specialization(program, consts, time.perf_counter() - start)
 
 
