@@ -36,6 +36,7 @@ from jax.extend.core import primitives as P
 
 from . import _compat
 from ._primitives import CALLS, call_body
+from ._values import byte_view
 
 #: dtypes the rules take: NumPy's arithmetic on these is IEEE's (floats),
 #: or they are only moved and compared
@@ -78,7 +79,7 @@ def _convert(x, *, new_dtype, **_):
         return None
     if x.dtype in FLOATS and new not in FLOATS:
         return None  # float to int or bool: NumPy's rules for NaN and overflow are not XLA's
-    if x.dtype == np.bool_ and x.size and np.ascontiguousarray(x).view(np.uint8).max() > 1:
+    if x.dtype == np.bool_ and x.size and byte_view(x).max() > 1:
         return None  # a bool byte other than 0 or 1 (a view of other bits): NumPy makes it 1, XLA keeps it
     return x.astype(new)
 

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from . import _compat
+from ._values import byte_view
 
 
 class TracedConstant(Exception):
@@ -108,13 +109,7 @@ def _contents(a: np.ndarray) -> bytes:
 
 
 def _digest(a: np.ndarray) -> bytes:
-    # A flat byte view hashes every dtype NumPy can hold, ml_dtypes' (bfloat16,
-    # float8, int4: no buffer format) and zero-size arrays included.
-    return hashlib.sha1(_bytes_view(a)).digest()
-
-
-def _bytes_view(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return hashlib.sha1(byte_view(a)).digest()
 
 
 def immutable(a: np.ndarray) -> bool:

@@ -77,6 +77,7 @@ from ._keys import is_array
 from ._primitives import CUSTOM_CALLS
 from ._program import Program, Specialization
 from ._residual import specialize_jaxpr
+from ._values import byte_view
 
 logger = logging.getLogger("pejit")
 
@@ -239,7 +240,7 @@ def _warn(message: str) -> None:
 
 
 def _digest(a: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(a).reshape(-1).view(np.uint8)).hexdigest()
+    return hashlib.sha256(byte_view(a)).hexdigest()
 
 
 def _dtype(name: str) -> np.dtype:
@@ -327,7 +328,7 @@ def _hash_array(h, a: Any) -> bool:
     if a.dtype == object:
         return False
     h.update(f"{a.dtype.name}{a.shape}".encode())
-    h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    h.update(byte_view(a))
     return True
 
 

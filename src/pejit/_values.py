@@ -46,7 +46,16 @@ def content_key(c):
         return (a.shape, a.dtype, "uniform", np.asarray(one).tobytes())
     if not a.flags.c_contiguous:
         return ("id", id(c))
-    return (a.shape, a.dtype, hashlib.sha1(a.reshape(-1).view(np.uint8)).digest())
+    return (a.shape, a.dtype, hashlib.sha1(byte_view(a)).digest())
+
+
+def byte_view(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes as a flat uint8 array (a view where ``a`` is contiguous).
+
+    Hashable by ``hashlib`` for every dtype NumPy holds, ml_dtypes' too
+    (bfloat16, float8, int4 have no buffer format), and zero-size arrays.
+    """
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
