@@ -35,7 +35,35 @@ CASES = {
     "dynamic_slice": (lambda x, i: lax.dynamic_slice(x, (i, np.int32(1)), (2, 3)), (F, np.int32(2))),  # clamped
     "split": (lambda x: jnp.split(x, [1, 3], axis=1), (F,)),
     "add_any": (lambda x, y: jax.jvp(lambda a: a * y, (x,), (x,))[1], (F, G)),
+    "dot_general identity": (lambda x, e: lax.dot_general(x, e, (((0,), (1,)), ((), ()))), (F, np.eye(3, dtype=F.dtype))),
+    "dot_general identity first": (lambda e, x: lax.dot_general(e, x, (((1,), (1,)), ((), ()))),
+                                   (np.eye(4, dtype=F.dtype), F)),
 }
+
+EYE_DOTS = {  # (x, eye) -> x @ eye.T, as jacfwd's basis pushforward writes it
+    "signed zeros": np.array([[-0.0, 1.0, -2.0], [0.0, -0.0, 0.0]]),
+    "an infinity": np.array([[np.inf, 1.0, 2.0], [0.0, 1.0, 2.0]]),
+    "a NaN": np.array([[np.nan, 1.0, 2.0], [0.0, 1.0, 2.0]]),
+}
+
+
+@pytest.mark.parametrize("name", EYE_DOTS)
+def test_a_product_with_the_identity_is_xla_s_bit_for_bit_or_not_ruled(name):
+    x = EYE_DOTS[name]
+    with x64():
+        eqn = jax.make_jaxpr(lambda a, e: a @ e.T)(x, np.eye(3)).jaxpr.eqns[-1]
+        want = np.asarray(jax.jit(lambda a, e: a @ e.T)(x, np.eye(3)))
+        got = _host.evaluate(eqn.primitive, [x, np.eye(3)], eqn.params)
+    if name == "signed zeros":
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    else:  # inf * 0 is NaN in the rows XLA sums: XLA computes them
+        assert got is None
+
+
+def test_a_product_with_an_almost_identity_is_not_ruled():
+    eqn = jax.make_jaxpr(lambda a, e: a @ e)(F, np.eye(4, dtype=F.dtype)).jaxpr.eqns[-1]
+    for not_eye in (np.eye(4, dtype=F.dtype) * 2, np.eye(4, dtype=F.dtype)[::-1], np.ones((4, 4), F.dtype)):
+        assert _host.evaluate(eqn.primitive, [F, not_eye], eqn.params) is None
 
 
 def _equations(fun, args):
