@@ -285,6 +285,9 @@ try:  # a value's weak type, set without a change of dtype (public lax has no we
     from jax._src.lax.lax import _convert_element_type
 except ImportError:  # pragma: no cover
     _convert_element_type = None
+#: The frames of JAX's ``is_concrete``, and of ``_convert_element_type`` (see ``_staging.KnowableTracer``)
+IS_CONCRETE_CODE = (core.is_concrete.__code__, core.to_concrete_value.__code__)
+CONVERT_CODE = getattr(_convert_element_type, "__code__", None)
 
 
 def weakly_typed(x: Any) -> Any:

@@ -227,9 +227,18 @@ def _owned(x) -> np.ndarray:
     last use and defeat the fold's liveness; a broadcast stays one (it holds
     only its small source)."""
     x = np.asarray(x)
-    if x.base is None or 0 in x.strides:
+    if x.base is None or 0 in x.strides or _whole(x):
         return x
     return np.array(x, order="C")
+
+
+def _whole(x: np.ndarray) -> bool:
+    """Whether the view ``x`` spans all of the NumPy array it views (a
+    transpose, a reshape): it keeps nothing alive but itself."""
+    base = x.base
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, np.ndarray) and base.nbytes == x.nbytes
 
 
 def to_jax(x: Any) -> Any:

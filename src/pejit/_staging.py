@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,6 +69,22 @@ def specializing():
         _admitted.reset(token)
 
 
+def _asked_only_to_skip_a_conversion() -> bool:
+    """Whether ``to_concrete_value``'s caller is ``lax._convert_element_type``
+    asking ``core.is_concrete``.
+
+    It asks only to choose between returning a value whose type already
+    matches and binding a no-op conversion, which give the same value.
+    ``jax.jacfwd`` converts its whole Jacobian so; answering by evaluating
+    it materialized the fold mid-trace (TFC's full-size PDE: a batch keeping
+    3.8 GB, then 1119 of its equations recomputed for the residual).
+    """
+    frame, asked = sys._getframe(2), None
+    while frame is not None and frame.f_code in _compat.IS_CONCRETE_CODE:
+        frame, asked = frame.f_back, frame.f_code
+    return asked is _compat.IS_CONCRETE_CODE[0] and frame is not None and frame.f_code is _compat.CONVERT_CODE
+
+
 class KnowableTracer(_compat.DynamicJaxprTracer):
     """A staged value whose concrete value the policy may still know.
 
@@ -78,6 +95,8 @@ class KnowableTracer(_compat.DynamicJaxprTracer):
     __slots__ = ()
 
     def to_concrete_value(self):
+        if _asked_only_to_skip_a_conversion():
+            return None
         return trace_of(self).policy.concrete_value(self)
 
     def __array__(self, *args, **kwargs):
