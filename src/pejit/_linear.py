@@ -232,7 +232,8 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
     free_l, free_r = [lhs.shape[d] for d in lf], [rhs.shape[d] for d in rf]
     left = np.transpose(lhs, lb + lf + lc).reshape(math.prod(batch), math.prod(free_l), contracted)
     right = np.transpose(rhs, rb + rc + rf).reshape(math.prod(batch), contracted, math.prod(free_r))
-    out = np.matmul(left, right).reshape((*batch, *free_l, *free_r))
+    out = _host.times_identity(left[0], right[0]) if len(left) == 1 else None  # a seed of unit vectors
+    out = (np.matmul(left, right) if out is None else out).reshape((*batch, *free_l, *free_r))
     if bl or br:  # the vmap axis to the front: it is the first free axis of its operand
         out = np.moveaxis(out, len(batch) + (0 if bl else len(lf)), 0)
     return out
