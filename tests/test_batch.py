@@ -107,6 +107,16 @@ def test_forced_backends():
     assert [b.backend for b in plan(f, scalar(), backend="eager")[0]] == ["eager"]
 
 
+def test_a_batch_records_its_seconds_and_those_spent_compiling():
+    """The fold's breakdown (issue 35): each segment's time, compiling apart."""
+    f = lambda x: chain(jnp.full((8, 8), 2.0, np.float32), 10, TRIG) + x  # noqa: E731
+    _batch.clear_programs()
+    (compiled,) = plan(f, scalar(), backend="compiled")[0]
+    (eager,) = plan(f, scalar(), backend="eager")[0]
+    assert compiled.seconds >= compiled.compile_seconds > 0
+    assert eager.seconds > 0 and eager.compile_seconds == 0
+
+
 # A primitive with an impl and no lowering, which counts its evaluations.
 calls = []
 counted_p = Primitive("counted_double")

@@ -30,7 +30,9 @@ eagerly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,6 +96,8 @@ class BatchInfo:
     equations: int
     out_bytes: int
     primitives: Counter
+    seconds: float = 0.0  #: evaluating the segment, compiling included
+    compile_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +193,7 @@ def _fusible(prim, params) -> bool:
 
 def run_batch(
     segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
-    tick: Callable[[int], None] | None = None,
+    tick: Callable[[int], None] | None = None, timings: list[tuple[float, float]] | None = None,
 ) -> list[Any]:
     """Evaluate the planned batch and return the values of ``outputs``.
 
@@ -199,7 +203,8 @@ def run_batch(
     soon as it is produced, and what ``keep`` returns is what the batch
     holds on to (see :class:`pejit._values.Compactor`); the value itself
     stays only until its last use in the batch. ``tick(n)`` is told of
-    every ``n`` equations evaluated (a progress bar).
+    every ``n`` equations evaluated (a progress bar). ``timings`` gets each
+    segment's ``(seconds, of which compiling)``.
     """
     env = dict(env)
     uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
@@ -217,7 +222,9 @@ def run_batch(
 
     with _compat.evaluating():
         for seg in segments:
-            whole = {"compiled": _run_compiled, "program": _stage}.get(seg.backend)
+            start, compiling = time.perf_counter(), [0.0]
+            whole = {"compiled": functools.partial(_run_compiled, compiling=compiling), "program": _stage}.get(
+                seg.backend)
             if whole is not None:  # the segment at once: compiled, or staged as one equation
                 produced = [v for r in seg.recipes for v in r.outvars if v is not None]
                 inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
@@ -237,6 +244,8 @@ def run_batch(
                     del outs
                     _release(env, uses, r.args)
                     tick(1)
+            if timings is not None:
+                timings.append((time.perf_counter() - start, compiling[0]))
     return [results[v] for v in outputs]
 
 
@@ -400,14 +409,19 @@ def clear_programs() -> None:
     _programs.clear()
 
 
-def _run_compiled(recipes, env, outputs):
+def _run_compiled(recipes, env, outputs, compiling: list[float] | None = None):
+    """The recipes as one compiled program (cached by structure); ``compiling[0]``
+    gets the seconds spent compiling it."""
     key, structure, out_refs, inputs = _structure(recipes, env, outputs)
     try:
         program = _programs.get(key)
     except TypeError:  # unhashable parameters: compile without caching
         key, program = None, None
     if program is None:
-        program = jax.jit(_interpreter(recipes, structure, out_refs))
+        start = time.perf_counter()
+        program = jax.jit(_interpreter(recipes, structure, out_refs)).lower(*inputs).compile()
+        if compiling is not None:
+            compiling[0] += time.perf_counter() - start
         if key is not None:
             if len(_programs) >= _MAX_PROGRAMS:
                 _programs.pop(next(iter(_programs)))
@@ -455,7 +469,8 @@ def _structure(recipes, env, outputs):
         (r.prim, params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
     )
     out_refs = tuple(ref(v) for v in outputs)
-    avals = tuple((tuple(x.shape), str(x.dtype)) for x in inputs)
+    # weak types too: a compiled program takes any, and would give its own
+    avals = tuple((tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False)) for x in inputs)
     return (structure, out_refs, avals), structure, out_refs, inputs
 
 

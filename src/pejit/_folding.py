@@ -399,24 +399,24 @@ class Folder:
             backend = "program" if abstract else self.options.backend
             plan = _batch.plan_batch(batch, backend, jax.default_backend())
             start = time.perf_counter()
-            tick = self.progress.advance
+            tick, timings = self.progress.advance, []
             if final:
                 # hand the earlier values over: run_batch frees each at its last use
                 wanted = set(targets)
                 env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
                 self._materialized = {v: x for v, x in env.items() if v in wanted}
-                values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick)
+                values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick, timings)
             else:
-                values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick)
+                values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick, timings)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(
                 _batch.BatchInfo(
                     number, seg.backend, len(seg.recipes),
                     sum(r.out_bytes() for r in seg.recipes),
-                    Counter(r.prim.name for r in seg.recipes),
+                    Counter(r.prim.name for r in seg.recipes), seconds, compiling,
                 )
-                for seg in plan
+                for seg, (seconds, compiling) in zip(plan, timings)
             )
             self.progress.batch(
                 Counter(seg.backend for seg in plan), len(batch), sum(r.out_bytes() for r in batch),

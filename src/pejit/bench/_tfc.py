@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._common import worker_main
 
+import logging
 import statistics
 import time
 
@@ -237,7 +238,9 @@ def ode(spec: dict) -> dict:
 
 
 def pde_fold(spec: dict) -> dict:
-    """Time to the first result (fold, compile, first call) and peak RSS of one variant, in a fresh process.
+    """Time to the first result (fold, compile, first call) and peak RSS of one variant, in a fresh process;
+    with ``spec["per_call"]`` seconds, then its time per call (not ``jax.jit``'s: its call is the whole
+    computation) and, for pejit, the fold's breakdown (:func:`_fold_breakdown`).
 
     ``peak_bytes`` is the process's peak RSS (``VmHWM``: TFC's problem set-up
     included, as ``resource.getrusage`` would report it), ``peak_increase_bytes``
@@ -247,6 +250,10 @@ def pde_fold(spec: dict) -> dict:
 
     step, xi, x, _ = pde_problem(spec["n"], spec["m"])
     _warm_runtime()
+    log = _BatchLog()
+    logger = logging.getLogger("pejit")
+    logger.addHandler(log)
+    logger.setLevel(logging.DEBUG)
     before = _reset_peak_rss()
     start = time.perf_counter()
     f = _pde_fold(spec, spec["variant"], step, xi, x)
@@ -258,9 +265,41 @@ def pde_fold(spec: dict) -> dict:
         "peak_increase_bytes": _status_bytes("VmHWM") - before,
         "checksum": float(np.sum(np.asarray(out, np.float64))),
     }
+    if spec.get("per_call") and spec["variant"] != "jax.jit":  # jax.jit's call is the whole computation
+        xij = jnp.asarray(xi)
+        result["per_call_seconds"] = interleaved({"f": lambda: f(xij)}, min_seconds=spec["per_call"], repeat=3)["f"]
     if spec["variant"] not in ("tfc", "jax.jit"):  # what the persistent cache has to hold (case 10)
         result["folded_bytes"] = sum(int(np.asarray(c).nbytes) for c in f.specialize(xi).consts)
+        result["breakdown"] = _fold_breakdown(f.specialize(xi).report, log.lines)
     return result
+
+
+class _BatchLog(logging.Handler):
+    """The ``pejit`` logger's batch lines: what each batch wrote and kept."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "batch of" in message:
+            self.lines.append(message.split(": ", 1)[-1])
+
+
+def _fold_breakdown(report, lines: list[str]) -> dict:
+    """The fold's time by stage: tracing and folding in all, and per batch its
+    segments' evaluation and compile seconds and the logger's line."""
+    per_batch: dict[int, dict] = {}
+    for b in report.batches:
+        row = per_batch.setdefault(b.batch, {"equations": 0, "seconds": 0.0, "compile_seconds": 0.0})
+        row["equations"] += b.equations
+        row["seconds"] += b.seconds
+        row["compile_seconds"] += b.compile_seconds
+    for row, line in zip(per_batch.values(), lines):
+        row["log"] = line
+    return {"fold_seconds": report.fold_seconds, "batches": list(per_batch.values()),
+            "residual_equations": report.residual_eqns, "collapsed": [str(c) for c in report.collapsed]}
 
 
 def pln(spec: dict) -> dict:

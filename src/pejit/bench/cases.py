@@ -388,23 +388,28 @@ def case8(ctx: Context) -> dict:
 #: (points per axis, basis functions) of the PDE case: folds in well under
 #: a minute here (full: a larger grid), peak RSS well under 1 GB
 PDE_SIZE = {True: (6, 100), False: (8, 150)}
-#: TFC's own example at full size (its WaveEquation2D: 11^3 points, 650
-#: functions): the full mode's fold time and peak RSS against TFC
-PDE_FULL_SIZE = (11, 650)
+#: The sizes TFC's users run, in the full mode: its own example (WaveEquation2D,
+#: 11^3 points, 650 functions) and a larger one, so that the fold's cost
+#: growth is measured: first result, per call and peak RSS of every variant
+PDE_FULL_SIZES = {"full": (11, 650), "large": (15, 1000)}
 
 
-def _first_results(ctx: Context, n: int, m: int, variants, repeat: int) -> dict:
-    """Median first result and peak RSS of each variant, fresh processes, interleaved."""
+def _first_results(ctx: Context, n: int, m: int, variants, repeat: int, per_call: float = 0.0) -> dict:
+    """Median first result and peak RSS of each variant, fresh processes, interleaved;
+    with ``per_call`` seconds, also each one's time per call and pejit's fold breakdown."""
     cold: dict[str, list] = {v: [] for v in variants}
     for _ in range(repeat):
         for v in variants:
-            cold[v].append(ctx.tfc("pejit.bench._tfc", {"case": "pde_fold", "n": n, "m": m, "variant": v}))
+            spec = {"case": "pde_fold", "n": n, "m": m, "variant": v, "per_call": per_call}
+            cold[v].append(ctx.tfc("pejit.bench._tfc", spec))
     out = {}
     for v, rs in cold.items():
         ok = [r for r in rs if r and "seconds" in r]
-        out[v] = {k: statistics.median(r[k] for r in ok) if ok else None
-                  for k in ("seconds", "peak_bytes", "peak_increase_bytes")}
+        keys = ("seconds", "peak_bytes", "peak_increase_bytes") + (("per_call_seconds",) if per_call else ())
+        out[v] = {k: statistics.median(r[k] for r in ok) if ok and k in ok[0] else None for k in keys}
         out[v]["samples"] = [r["seconds"] for r in ok]
+        if ok and "breakdown" in ok[-1]:
+            out[v]["breakdown"] = ok[-1]["breakdown"]
     return out
 
 
@@ -423,8 +428,12 @@ def case9(ctx: Context) -> dict:
           flush=True)
     out = {"n": n, "m": m, "steady": steady, "fold": fold, "repeat": repeat}
     if not ctx.quick:
-        fn, fm = PDE_FULL_SIZE
-        out["full"] = {"n": fn, "m": fm, "fold": _first_results(ctx, fn, fm, ("pejit_call", "pejit", "tfc"), 1)}
+        for size, (fn, fm) in PDE_FULL_SIZES.items():
+            fold = _first_results(ctx, fn, fm, PDE_VARIANTS, 1, per_call=1.0)
+            print(f"  pde {size} n={fn} m={fm}: " + ", ".join(
+                f"{v} first result {_s(f['seconds'])}, per call {_s(f.get('per_call_seconds'))}"
+                for v, f in fold.items()), flush=True)
+            out[size] = {"n": fn, "m": fm, "fold": fold}
     return out
 
 
@@ -467,7 +476,7 @@ def case10(ctx: Context) -> dict:
     n, m = PDE_SIZE[ctx.quick]
     result = {"n": n, "m": m, "case9": persistent_cache(ctx, n, m, ("pejit", "pejit_call"))}
     if not ctx.quick:
-        result["full"] = persistent_cache(ctx, *PDE_FULL_SIZE, ("pejit", "pejit_call"))
+        result["full"] = persistent_cache(ctx, *PDE_FULL_SIZES["full"], ("pejit", "pejit_call"))
     return result
 
 

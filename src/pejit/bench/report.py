@@ -202,16 +202,34 @@ def _case9(r):
                   f"max relative difference from TFC: {steady['max_rel_error_vs_tfc']}"]
     else:
         lines += ["", f"Per call: n/a {steady.get('error', r.get('error', ''))[:300]}"]
-    for title, rows in (("", r.get("fold")), (" at TFC's full size", (r.get("full") or {}).get("fold"))):
+    sizes = [("", "", r.get("fold"))] + [
+        (f" at {'TFC' if size == 'full' else 'a larger'} size", f" ({r[size]['n']}^3 points, {r[size]['m']} functions)",
+         r[size].get("fold")) for size in ("full", "large") if r.get(size)]
+    for title, size, rows in sizes:
         if not rows:
             continue
-        size = "" if not title else f" ({r['full']['n']}^3 points, {r['full']['m']} functions)"
         lines += ["", f"First result{title}{size}: fold + compile + first call, median of fresh processes"
                   " (`pejit` is the TFC form `pejit(xi, *x, constant_arg_nums=[1, 2, 3])(step)`;"
-                  " `jax.jit` compiles `step` with the grid as arguments).", "",
-                  "| variant | first result | samples | peak RSS | peak RSS increase |", "|---|---|---|---|---|"]
+                  " `jax.jit` compiles `step` with the grid as arguments); per call after it, in the same"
+                  " process.", "",
+                  "| variant | first result | samples | per call | peak RSS | peak RSS increase |",
+                  "|---|---|---|---|---|---|"]
         lines += [f"| {NAMES.get(v, v)} | {_s(f['seconds'])} | {', '.join(_s(t) for t in f.get('samples', []))} | "
-                  f"{mib(f['peak_bytes'])} | {mib(f['peak_increase_bytes'])} |" for v, f in rows.items()]
+                  f"{_s(f.get('per_call_seconds'))} | {mib(f['peak_bytes'])} | {mib(f['peak_increase_bytes'])} |"
+                  for v, f in rows.items()]
+        for v, f in rows.items():
+            if f.get("breakdown"):
+                lines += ["", *_breakdown(NAMES.get(v, v), f["breakdown"])]
+    return lines
+
+
+def _breakdown(name: str, b: dict) -> list[str]:
+    """Where a fold's time went: tracing and folding, then each batch of known work."""
+    lines = [f"{name}: trace and fold {_s(b['fold_seconds'])}, residual {b['residual_equations']} equations"
+             f" ({'; '.join(b['collapsed']) or 'nothing collapsed'}).", "",
+             "| batch | equations | seconds | of which compiling | log |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | {row['equations']} | {_s(row['seconds'])} | {_s(row['compile_seconds'])} | "
+              f"{row.get('log', '')} |" for i, row in enumerate(b["batches"])]
     return lines
 
 
