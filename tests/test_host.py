@@ -150,3 +150,30 @@ def test_a_view_of_a_whole_array_is_not_copied_a_part_is():
         (lax.slice_p, {"start_indices": (0, 0), "limit_indices": (2, 4), "strides": None})))
     assert np.shares_memory(t, a) and not np.shares_memory(s, a)
     np.testing.assert_array_equal(t, a.T)
+
+
+@pytest.mark.parametrize("zeros", ["broadcast", "array"])
+def test_a_product_with_zeros_is_xla_s_zeros_bit_for_bit(zeros):
+    """Derivative code multiplies by materialized symbolic zeros: a product with
+    finite values is XLA's +0.0 everywhere, kept as one element broadcast."""
+    a = np.array([[-1.5, 2.0, -0.0], [3.0, -4.0, 5.0]])
+    z = np.broadcast_to(0.0, (3, 4)) if zeros == "broadcast" else np.zeros((3, 2))  # read if no larger
+    with x64():
+        eqn = jax.make_jaxpr(lambda a, z: a @ z)(a, z).jaxpr.eqns[-1]
+        want = np.asarray(jax.jit(lambda a, z: a @ z)(a, z))
+        got = _host.evaluate(eqn.primitive, [a, z], eqn.params)
+        assert _host.evaluate(eqn.primitive, [np.array([[np.inf, 0, 0], [0, 0, 0]]), z], eqn.params) is None
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    assert got.strides == (0, 0)
+
+
+def test_arithmetic_on_broadcasts_computes_one_element():
+    """Sums of materialized symbolic zeros (broadcasts, as the broadcast rule
+    makes them) stay one element broadcast; the bits are XLA's."""
+    z, c = np.broadcast_to(np.float32(-0.0), (300, 200)), np.broadcast_to(np.float32(0.1), (300, 200))
+    for fun, args in ((lax.add, (z, z)), (lax.sub, (c, z)), (lax.mul, (c, c))):
+        eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
+        got = _host.evaluate(eqn.primitive, list(args), eqn.params)
+        assert got.strides == (0, 0)
+        want = np.asarray(fun(*map(jnp.asarray, args)))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

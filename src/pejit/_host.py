@@ -52,10 +52,27 @@ def _elementwise(ufunc: Callable, floats_only: bool = False) -> Callable:
     (``mul``'s ``out_dtype``, an ``accuracy``: None)."""
 
     def rule(*xs, **params):
-        return None if any(v is not None for v in params.values()) else ufunc(*xs)
+        if any(v is not None for v in params.values()):
+            return None
+        if all(_uniform(x) for x in xs):  # one element's worth of work, broadcast
+            return np.broadcast_to(ufunc(*map(_element, xs)), np.broadcast_shapes(*(x.shape for x in xs)))
+        return ufunc(*xs)
 
     rule.floats_only = floats_only
     return rule
+
+
+def _uniform(x: np.ndarray) -> bool:
+    """Whether ``x`` is one element broadcast (as a broadcast rule or the
+    fold's compactor keeps a uniform array): derivative code computes on
+    the zeros of its symbolic tangents, materialized; TFC's full-size PDE
+    adds, subtracts and transposes hundreds of 1331x651 zero arrays, which
+    XLA's simplifier removes from a compiled program."""
+    return x.ndim > 0 and x.size > 0 and not any(x.strides)
+
+
+def _element(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x[(0,) * x.ndim])
 
 
 for prim, ufunc in ((P.add_p, np.add), (P.add_jaxvals_p, np.add), (P.sub_p, np.subtract),
@@ -117,20 +134,36 @@ def _iota(*, dtype, shape, dimension, **_):
 
 
 def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **_):
-    """A product with an identity matrix (see :func:`times_identity`).
+    """A product with an identity matrix (see :func:`times_identity`) or with zeros.
 
     ``jax.jacfwd`` pushes the identity through every ``H @ xi`` of a
     function linear in ``xi``: TFC's full-size PDE folds 285 such
-    1331x651 @ 651x651 products, 6 of its 20 seconds.
+    1331x651 @ 651x651 products, 6 of its 20 seconds. Its derivative code
+    also multiplies by the zeros of symbolic tangents, materialized (549
+    products): the product of finite values with zeros is zeros, ``+0.0``
+    as XLA's sums give it, and stays one zero broadcast (see :func:`_uniform`).
     """
     (lc, rc), (lb, rb) = dimension_numbers
-    if lb or rb or len(lc) != 1 or lhs.dtype != rhs.dtype:
+    if lhs.dtype != rhs.dtype or (preferred_element_type is not None
+                                  and np.dtype(preferred_element_type) != lhs.dtype):
         return None
-    if preferred_element_type is not None and np.dtype(preferred_element_type) != lhs.dtype:
+    for zero, other in ((lhs, rhs), (rhs, lhs)):
+        if _zeros(zero, other.size) and np.isfinite(other).all():
+            free = [[x.shape[d] for d in range(x.ndim) if d not in c and d not in b]
+                    for x, c, b in ((lhs, lc, lb), (rhs, rc, rb))]
+            return np.broadcast_to(np.zeros((), lhs.dtype), [lhs.shape[d] for d in lb] + free[0] + free[1])
+    if lb or rb or len(lc) != 1:
         return None
     left, right = np.moveaxis(lhs, lc[0], -1), np.moveaxis(rhs, rc[0], 0)
     out = times_identity(left.reshape(-1, left.shape[-1]), right.reshape(right.shape[0], -1))
     return None if out is None else out.reshape(left.shape[:-1] + right.shape[1:])
+
+
+def _zeros(x: np.ndarray, budget: int) -> bool:
+    """Whether ``x`` holds only zeros, read whole only if it is at most ``budget`` elements."""
+    if _uniform(x):
+        return not _element(x)
+    return x.size <= budget and not x.any()
 
 
 def times_identity(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
@@ -143,6 +176,8 @@ def times_identity(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """
     for eye, other in ((b, a), (a, b)):
         if _is_identity(eye) and np.isfinite(other).all():
+            if _uniform(other):
+                return np.broadcast_to(_element(other) + other.dtype.type(0), other.shape)
             return np.add(other, other.dtype.type(0), order="C")
     return None
 
