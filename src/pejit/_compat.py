@@ -81,6 +81,8 @@ Internals used, why no public API does the job, and where versions differ:
   ``jax.export`` (0.7 to 0.12) lowers ``fun.trace(...)`` with
   ``_private_parameters=LoweringParameters(for_export=True)``, which is how
   a trace knows it is being exported (:func:`lowering_for_export`).
+* The code objects of ``core.is_concrete`` and ``lax._convert_element_type``:
+  the staging tracer does not evaluate a value the conversion only asks about.
 * ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
   in the user's function while pejit traces it shows the user's frames, not
   pejit's, exactly as ``jax.jit`` hides JAX's (and ``JAX_TRACEBACK_FILTERING=off``
@@ -91,10 +93,8 @@ Public replacements are used where every supported version has them:
 ``primitives.jit_p``/``remat_p`` where present) and
 ``jax.interpreters.partial_eval.dce_jaxpr``.
 
-JAX 0.6 is out of reach without a second implementation: its
-``DynamicJaxprTracer`` does not carry its ``Var`` (the frame maps tracer ids
-to variables), and there is no ``var_to_tracer`` hook, while the folding
-policy identifies lazy values by their ``Var``.
+JAX 0.6 is out of reach: its ``DynamicJaxprTracer`` does not carry the
+``Var`` by which the folding policy identifies lazy values.
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ data movement (broadcasts, reshapes, slices, concatenation, ...) on any
 dtype; comparisons and selection; and the correctly rounded IEEE operations
 (``+ - *``, negation, ``max``, ``min``, conversions between floating types)
 on floats; and a matrix product with an identity matrix (``jacfwd``'s basis
-pushed through ``H @ xi``), which only moves the other operand. Not division (XLA divides by a broadcast scalar through its
-reciprocal), transcendental functions, contractions or reductions, whose
-XLA kernels round differently; not integer arithmetic, whose overflow NumPy
-treats otherwise. (XLA on a CPU flushes subnormal floats
-to zero; an operation that produces one is the only difference left.)
+pushed through ``H @ xi``), which only moves the other operand, or with
+zeros. Not division (XLA divides by a broadcast scalar through its
+reciprocal), transcendental functions, other contractions or reductions,
+whose XLA kernels round differently; not integer arithmetic, whose
+overflow NumPy treats otherwise. (XLA on a CPU flushes subnormal floats to
+zero; an operation that produces one is the only difference left.)
 
 :func:`evaluate` returns ``None`` whenever a rule does not apply (another
 backend, several devices, an unsupported dtype), and the caller binds the
