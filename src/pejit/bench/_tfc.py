@@ -275,16 +275,14 @@ def pde_fold(spec: dict) -> dict:
 
 
 class _BatchLog(logging.Handler):
-    """The ``pejit`` logger's batch lines: what each batch wrote and kept."""
+    """The ``pejit`` logger's lines: its stages (trace, fold) and what each batch wrote and kept."""
 
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
 
     def emit(self, record):
-        message = record.getMessage()
-        if "batch of" in message:
-            self.lines.append(message.split(": ", 1)[-1])
+        self.lines.append(record.getMessage().split(": ", 1)[-1])
 
 
 def _fold_breakdown(report, lines: list[str]) -> dict:
@@ -296,9 +294,10 @@ def _fold_breakdown(report, lines: list[str]) -> dict:
         row["equations"] += b.equations
         row["seconds"] += b.seconds
         row["compile_seconds"] += b.compile_seconds
-    for row, line in zip(per_batch.values(), lines):
+    for row, line in zip(per_batch.values(), [line for line in lines if line.startswith("batch of")]):
         row["log"] = line
     return {"fold_seconds": report.fold_seconds, "batches": list(per_batch.values()),
+            "stages": [line for line in lines if not line.startswith("batch of")],
             "residual_equations": report.residual_eqns, "collapsed": [str(c) for c in report.collapsed]}
 
 

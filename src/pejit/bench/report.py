@@ -225,8 +225,8 @@ def _case9(r):
 
 def _breakdown(name: str, b: dict) -> list[str]:
     """Where a fold's time went: tracing and folding, then each batch of known work."""
-    lines = [f"{name}: trace and fold {_s(b['fold_seconds'])}, residual {b['residual_equations']} equations"
-             f" ({'; '.join(b['collapsed']) or 'nothing collapsed'}).", "",
+    lines = [f"{name}: trace and fold {_s(b['fold_seconds'])} (log: {'; '.join(b.get('stages', []))}), residual"
+             f" {b['residual_equations']} equations ({'; '.join(b['collapsed']) or 'nothing collapsed'}).", "",
              "| batch | equations | seconds | of which compiling | log |", "|---|---|---|---|---|"]
     lines += [f"| {i} | {row['equations']} | {_s(row['seconds'])} | {_s(row['compile_seconds'])} | "
               f"{row.get('log', '')} |" for i, row in enumerate(b["batches"])]
