@@ -55,10 +55,11 @@ class FoldReport:
         ``consts`` always are).
       batches: how the known work was evaluated, one record per batch
         segment (``pejit._batch.BatchInfo``: number, back end, equations,
-        bytes, primitives, seconds and of them compiling). The back end is ``"eager"`` (op by op),
-        ``"compiled"`` (one ``jax.jit`` program) or ``"program"`` (staged into
-        the folding program of a value-independent structure, which is then
-        run: op by op for a first value, compiled for later ones).
+        bytes, primitives, seconds and of them compiling). The back end is
+        ``"eager"`` (op by op), ``"compiled"`` (one ``jax.jit`` program) or
+        ``"program"`` (staged into the folding program of a value-independent
+        structure, which is then run: op by op for a first value, compiled
+        for later ones).
         ``backends`` counts them. Known results of at most 64 bytes are
         computed on the spot, outside batches.
       hoisted: equations folded inside loop bodies and branches (hoisted

@@ -127,3 +127,7 @@ def _s(t) -> str:
     if t is None:
         return "n/a"
     return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def mib(b: float | None) -> str:
+    return "n/a" if b is None else f"{b / 2**20:.0f} MiB"

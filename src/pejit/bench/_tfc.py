@@ -250,7 +250,7 @@ def pde_fold(spec: dict) -> dict:
 
     step, xi, x, _ = pde_problem(spec["n"], spec["m"])
     _warm_runtime()
-    log = _BatchLog()
+    log = _PejitLog()
     logger = logging.getLogger("pejit")
     logger.addHandler(log)
     logger.setLevel(logging.DEBUG)
@@ -269,12 +269,13 @@ def pde_fold(spec: dict) -> dict:
         xij = jnp.asarray(xi)
         result["per_call_seconds"] = interleaved({"f": lambda: f(xij)}, min_seconds=spec["per_call"], repeat=3)["f"]
     if spec["variant"] not in ("tfc", "jax.jit"):  # what the persistent cache has to hold (case 10)
-        result["folded_bytes"] = sum(int(np.asarray(c).nbytes) for c in f.specialize(xi).consts)
-        result["breakdown"] = _fold_breakdown(f.specialize(xi).report, log.lines)
+        specialization = f.specialize(xi)
+        result["folded_bytes"] = sum(int(np.asarray(c).nbytes) for c in specialization.consts)
+        result["breakdown"] = _fold_breakdown(specialization.report, log.lines)
     return result
 
 
-class _BatchLog(logging.Handler):
+class _PejitLog(logging.Handler):
     """The ``pejit`` logger's lines: its stages (trace, fold) and what each batch wrote and kept."""
 
     def __init__(self):

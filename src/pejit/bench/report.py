@@ -13,7 +13,7 @@ import jax
 import jaxlib
 import numpy as np
 
-from ._common import _s
+from ._common import _s, mib
 from .cases import Context
 from .targets import Target
 
@@ -86,10 +86,6 @@ def _times_table(times: dict, ref: str) -> list[str]:
         ratio = f"{t / times[ref]:.3f}" if t is not None and times.get(ref) else "n/a"
         rows.append(f"| {NAMES.get(k, k)} | {_s(t)} | {ratio} |")
     return rows
-
-
-def mib(b: float | None) -> str:
-    return "n/a" if b is None else f"{b / 2**20:.0f} MiB"
 
 
 def _case1(r):

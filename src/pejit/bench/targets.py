@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from ._common import _s
+from ._common import _s, mib
 
 
 @dataclasses.dataclass
@@ -33,7 +33,6 @@ def _pde_targets(r: dict) -> list[Target]:
         out.append(Target(f"case 9: {name} <= {limit}", None if r_ is None else r_ <= limit,
                           "n/a" if r_ is None else f"{_s(times[who])} / {_s(times[ref])}: {r_:.3f}"
                           " (median of ratios paired by round)"))
-    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     for form, v in (("call-time form", "pejit_call"), ("TFC form", "pejit")):
         for name, ref, key, limit, fmt in (("first result / jax.jit's", "jax.jit", "seconds", 1.0, _s),
                                            ("first result / TFC's", "tfc", "seconds", 0.5, _s),
@@ -54,7 +53,6 @@ def _full_size_targets(case: str, rows: dict) -> list[Target]:
     and TFC's fold, per call against TFC's, peak RSS against TFC's."""
     if not rows:
         return []
-    mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     out = []
     for form, v in (("call-time form", "pejit_call"), ("TFC form", "pejit")):
         for name, ref, key, limit, fmt in (("first result / jax.jit's", "jax.jit", "seconds", 1.0, _s),
