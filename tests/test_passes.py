@@ -257,6 +257,27 @@ def test_a_nested_call_folds_its_known_part_as_one_recipe(monkeypatch):
     assert prims(jaxpr) == ["dot_general", "add"]
 
 
+def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_folds_once(monkeypatch):
+    """``jit(inline=True)`` (every ``jax.numpy`` function) is inlined, as JAX's
+    own tracing inlines it: two calls on the same known input fold its known
+    work once, where a known part per call computed it twice (TFC's
+    full-size PDE: 2029 equal folds found instead of 885, 2 s of its 11)."""
+    from pejit import _abstract, _batch
+
+    scaled = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) * x, inline=True)
+    shifted = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) - x, inline=True)  # another body, the same known work
+    f = lambda c, x: scaled(c, x) + shifted(c, x)  # noqa: E731
+    evaluated = []
+    evaluate = _abstract.evaluate
+    monkeypatch.setattr(_batch._abstract, "evaluate",
+                        lambda prim, *a, **k: evaluated.append(prim.name) or evaluate(prim, *a, **k))
+    c, x = jnp.linspace(0.1, 1.0, 300), jnp.arange(300.0)  # not tiny: tiny folds are evaluated on the spot
+    g = pejit.pejit(c, x, constant_arg_nums=[0], fold_options=FoldOptions(backend="eager"))(f)
+    np.testing.assert_allclose(g(x), jax.jit(f)(c, x), rtol=1e-6)
+    assert evaluated == ["sin"]  # once, and not inside a known part
+    assert sorted(prims(g.specialize(x).residual.jaxpr)) == ["add", "mul", "sub"]
+
+
 def test_checkpoint_keeps_its_body_folded_and_its_rule():
     f = lambda A, x: jnp.sum(jax.checkpoint(lambda y: jnp.sin(jnp.linalg.inv(A) @ y))(x))  # noqa: E731
     jaxpr, _ = assert_matches_jit(f, A, X)
