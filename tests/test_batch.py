@@ -236,3 +236,31 @@ def test_first_value_of_a_folding_program(fun, compiled):
     X2 = X + 1.0  # a second value runs the compiled program either way
     np.testing.assert_allclose(f(X2, w), jax.jit(fun)(X2, w), rtol=1e-5)
     assert folding.compiled is not None
+
+
+def test_values_to_compact_are_read_as_kept_by_later_equations():
+    """A folding program's first value holds what its staged batches kept as
+    the folding trace would (a uniform value as a broadcast): its later
+    equations, an affine collapse's, read that, not the value computed."""
+    from jax.extend.core import primitives as P
+
+    from pejit import _compat
+
+    x = np.arange(4.0, dtype=np.float32)
+    v1, v2 = (_compat.new_var(jax.core.ShapedArray((4,), np.float32)) for _ in range(2))
+    segments = [_batch.Segment("eager", (_batch.Recipe(P.mul_p, (x, np.float32(2)), {}, (v1,)),
+                                         _batch.Recipe(P.add_p, (v1, x), {}, (v2,))))]
+    marked = lambda a: np.asarray(a) + 100  # noqa: E731
+    (plain,) = _batch.run_batch(segments, {}, [v2], keep=marked)
+    (compacted,) = _batch.run_batch(segments, {}, [v2], keep=marked, compact={v1})
+    np.testing.assert_array_equal(plain, 3 * x + 100)  # the output kept, its input as computed
+    np.testing.assert_array_equal(compacted, 3 * x + 200)  # its input as kept too
+
+
+def test_a_folding_programs_first_value_keeps_what_its_batches_kept():
+    body = jax.make_jaxpr(lambda a: [a * 2.0])(jnp.zeros(4))
+    program = jax.make_jaxpr(lambda a: [_batch.batch_p.bind(a, jaxpr=body)[0] + a])(jnp.zeros(4))
+    marked = lambda a: np.asarray(a) + 100  # noqa: E731
+    x = np.arange(4.0, dtype=np.float32)
+    (out,) = _batch.evaluate_jaxpr(program, [x], "eager", keep=marked)
+    np.testing.assert_array_equal(out, 3 * x + 200)  # the batch's output as kept, then the output kept

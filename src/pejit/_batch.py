@@ -34,7 +34,7 @@ import functools
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
@@ -194,6 +194,7 @@ def _fusible(prim, params) -> bool:
 def run_batch(
     segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, timings: list[tuple[float, float]] | None = None,
+    compact: Collection[Any] = (),
 ) -> list[Any]:
     """Evaluate the planned batch and return the values of ``outputs``.
 
@@ -202,9 +203,10 @@ def run_batch(
     few arrays alive, not all of them. An output is handed to ``keep`` as
     soon as it is produced, and what ``keep`` returns is what the batch
     holds on to (see :class:`pejit._values.Compactor`); the value itself
-    stays only until its last use in the batch. ``tick(n)`` is told of
-    every ``n`` equations evaluated (a progress bar). ``timings`` gets each
-    segment's ``(seconds, of which compiling)``.
+    stays only until its last use in the batch. The values of ``compact``
+    are handed to ``keep`` too, and their later uses read what it returns.
+    ``tick(n)`` is told of every ``n`` equations evaluated (a progress
+    bar). ``timings`` gets each segment's ``(seconds, of which compiling)``.
     """
     env = dict(env)
     uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
@@ -215,10 +217,11 @@ def run_batch(
 
     def define(pairs):
         for v, x in pairs:
+            kept = keep(x) if v in wanted or v in compact else x
             if v in wanted:
-                results[v] = keep(x)
+                results[v] = kept
             if uses[v]:
-                env[v] = x
+                env[v] = kept if v in compact else x
 
     with _compat.evaluating():
         for seg in segments:
@@ -276,7 +279,12 @@ def evaluate_jaxpr(
     env.update(zip(jaxpr.invars, args))
     recipes = flat_recipes(jaxpr.eqns)
     outputs = [v for v in jaxpr.outvars if _is_var(v)]
-    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick))
+    # what the trace's batches kept, held as the folding trace holds it
+    # (uniform values as broadcasts, equal ones once): the program's later
+    # equations (an affine collapse's matrices) read them
+    kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
+    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick,
+                            compact=kept))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
 
 
