@@ -95,3 +95,18 @@ def test_the_call_time_form_stages_one_equation_and_compiles_it_for_new_values()
     folding = spec.program.folding_program
     assert "affine_matrices" in [e.primitive.name for e in folding.traced.jaxpr.eqns]
     assert folding.compiled is not None
+
+
+def test_broadcast_zeros_skip_the_work_and_infinities_do_not():
+    from jax.extend.core import primitives as P
+
+    t = rng.standard_normal((3, 6)).astype(np.float32)  # tangents along 3 unit vectors
+    zero = np.broadcast_to(np.float32(0), (6,))  # a compacted known zero
+    add, sub, mul = (_linear.LINEAR_RULES[p] for p in (P.add_p, P.sub_p, P.mul_p))
+    assert np.shares_memory(add([t, zero], [True, False]), t)  # the operand itself, not a copy
+    np.testing.assert_array_equal(sub([zero, t], [False, True]), -t)
+    product = mul([t, zero], [True, False])
+    assert product.shape == (3, 6) and not any(product.strides) and not product.any()
+    t[1, 2] = np.inf  # inf * 0 is NaN: computed, not skipped
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(mul([t, zero], [True, False])[1, 2])

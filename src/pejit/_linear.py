@@ -70,10 +70,35 @@ def _elementwise(ufunc):
         # scalar) meets a batched one (B, *shape) as vmap would have it; a
         # batched scalar needs its axes spelled out
         rank = max(np.ndim(a) - b for a, b in zip(args, batched))
-        return ufunc(*(a.reshape(a.shape[0], *[1] * (rank - a.ndim + 1), *a.shape[1:]) if b else a
-                       for a, b in zip(args, batched)))
+        args = [a.reshape(a.shape[0], *[1] * (rank - a.ndim + 1), *a.shape[1:]) if b else a
+                for a, b in zip(args, batched)]
+        return _with_zeros(ufunc, args)
 
     return rule
+
+
+def _with_zeros(ufunc, args) -> np.ndarray:
+    """``ufunc(*args)``, skipping the work where an operand is a broadcast
+    zero (a folded constant, compacted; the full-size TFC PDE's collapse
+    multiplied and added 300 of them to 651x1331 tangents, 0.4 s): a sum is
+    the other operand, a product of finite values is zeros. The signs of
+    zeros are not kept, as the collapse does not keep rounding (see the
+    module docstring)."""
+    zero = [isinstance(a, np.ndarray) and a.ndim > 0 and not any(a.strides) and not a[(0,) * a.ndim]
+            for a in args]
+    if any(zero) and ufunc in (np.add, np.subtract, np.multiply):
+        shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+        if ufunc is np.multiply:
+            if all(z or np.isfinite(a).all() for a, z in zip(args, zero)):
+                return np.broadcast_to(np.zeros((), np.result_type(*args)), shape)
+        else:
+            rest = [(i, a) for i, (a, z) in enumerate(zip(args, zero)) if not z]
+            if not rest:
+                return np.broadcast_to(np.zeros((), np.result_type(*args)), shape)
+            (i, a), = rest
+            if np.shape(a) == shape and np.result_type(*args) == a.dtype:
+                return -a if ufunc is np.subtract and i == 1 else a
+    return ufunc(*args)
 
 
 for _prim, _ufunc in ((P.add_p, np.add), (P.add_jaxvals_p, np.add), (P.sub_p, np.subtract),
