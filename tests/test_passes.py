@@ -258,8 +258,8 @@ def test_a_nested_call_folds_its_known_part_as_one_recipe(monkeypatch):
 
 
 def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_folds_once(monkeypatch):
-    """``jit(inline=True)`` (every ``jax.numpy`` function) is inlined, as JAX's
-    own tracing inlines it: two calls on the same known input fold its known
+    """``jit(inline=True)`` (every ``jax.numpy`` function) is inlined, as JAX
+    inlines it: two calls on the same known input fold its known
     work once, where a known part per call computed it twice (TFC's
     full-size PDE: 2029 equal folds found instead of 885, 2 s of its 11)."""
     from pejit import _abstract, _batch

@@ -27,7 +27,7 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     lazy expansion entering one is replayed too, to stay lazy.
 
     Otherwise a call marked ``inline=True`` (every ``jax.numpy`` function)
-    is replayed whole, as JAX's own tracing inlines it: each of its known
+    is replayed whole, as JAX inlines it: each of its known
     equations is then one fold, and equal folds are found across calls
     (derivative code recomputes the same known work in many calls: TFC's
     full-size PDE found 2029 equal folds so, against 885 with a known part
@@ -53,8 +53,9 @@ def fold_jit(folder: Folder, trace, prim, args, params):
 
 def _inlined(params) -> bool:
     """Whether JAX inlines the call: ``jit(inline=True)``, which is a bool
-    up to JAX 0.10 and from 0.11 an ``Inline`` member (``True`` is
-    ``JAX_LATE``, inlined when lowering; ``AUTO``, the default, is not)."""
+    up to JAX 0.10 and from 0.11 an ``Inline`` member (``jax.numpy``'s
+    functions are ``JAX_EARLY``; ``True`` is ``JAX_LATE``, inlined when
+    lowering; ``AUTO``, the default, is not inlined)."""
     inline = params.get("inline")
     return inline is True or getattr(inline, "name", None) in ("JAX_EARLY", "JAX_LATE")
 
