@@ -107,6 +107,8 @@ def test_broadcast_zeros_skip_the_work_and_infinities_do_not():
     np.testing.assert_array_equal(sub([zero, t], [False, True]), -t)
     product = mul([t, zero], [True, False])
     assert product.shape == (3, 6) and not any(product.strides) and not product.any()
+    empty = np.broadcast_to(np.float32(0), (3, 0))  # holds no element to read
+    assert add([empty, np.zeros(0, np.float32)], [True, False]).shape == (3, 0)
     t[1, 2] = np.inf  # inf * 0 is NaN: computed, not skipped
     with np.errstate(invalid="ignore"):
         assert np.isnan(mul([t, zero], [True, False])[1, 2])

@@ -149,7 +149,7 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
                                   and np.dtype(preferred_element_type) != lhs.dtype):
         return None
     for zero, other in ((lhs, rhs), (rhs, lhs)):
-        if _zeros(zero, other.size) and np.isfinite(other).all():
+        if only_zeros(zero, other.size) and np.isfinite(other).all():
             free = [[x.shape[d] for d in range(x.ndim) if d not in c and d not in b]
                     for x, c, b in ((lhs, lc, lb), (rhs, rc, rb))]
             return np.broadcast_to(np.zeros((), lhs.dtype), [lhs.shape[d] for d in lb] + free[0] + free[1])
@@ -160,7 +160,7 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
     return None if out is None else out.reshape(left.shape[:-1] + right.shape[1:])
 
 
-def _zeros(x: np.ndarray, budget: int) -> bool:
+def only_zeros(x: np.ndarray, budget: int) -> bool:
     """Whether ``x`` holds only zeros, read whole only if it is at most ``budget`` elements."""
     if _uniform(x):
         return not _element(x)

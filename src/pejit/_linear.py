@@ -84,8 +84,7 @@ def _with_zeros(ufunc, args) -> np.ndarray:
     the other operand, a product of finite values is zeros. The signs of
     zeros are not kept, as the collapse does not keep rounding (see the
     module docstring)."""
-    zero = [isinstance(a, np.ndarray) and a.ndim > 0 and not any(a.strides) and not a[(0,) * a.ndim]
-            for a in args]
+    zero = [isinstance(a, np.ndarray) and _host.only_zeros(a, 0) for a in args]  # broadcasts only: nothing read
     if any(zero) and ufunc in (np.add, np.subtract, np.multiply):
         shape = np.broadcast_shapes(*(np.shape(a) for a in args))
         if ufunc is np.multiply:

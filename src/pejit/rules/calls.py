@@ -41,9 +41,8 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     closes_over_constants = bool(params["jaxpr"].consts)
     if not folder.options.calls or concrete or not (any(known) or closes_over_constants):
         return NotImplemented
-    if _inlined(params):
-        return replay(trace, params["jaxpr"], args)
-    split = known_part(params["jaxpr"], tuple(k and not folder.is_lazy(a) for k, a in zip(known, args)), folder)
+    split = None if _inlined(params) else known_part(
+        params["jaxpr"], tuple(k and not folder.is_lazy(a) for k, a in zip(known, args)), folder)
     if split is None:
         return replay(trace, params["jaxpr"], args)
     part, rest, inputs = split
