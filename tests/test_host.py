@@ -42,6 +42,7 @@ CASES = {
 
 EYE_DOTS = {  # (x, eye) -> x @ eye.T, as jacfwd's basis pushforward writes it
     "signed zeros": np.array([[-0.0, 1.0, -2.0], [0.0, -0.0, 0.0]]),
+    "no -0.0": np.array([[0.0, 1.0, -2.0], [3.0, 0.0, 5.0]]),
     "an infinity": np.array([[np.inf, 1.0, 2.0], [0.0, 1.0, 2.0]]),
     "a NaN": np.array([[np.nan, 1.0, 2.0], [0.0, 1.0, 2.0]]),
 }
@@ -54,8 +55,9 @@ def test_a_product_with_the_identity_is_xla_s_bit_for_bit_or_not_ruled(name):
         eqn = jax.make_jaxpr(lambda a, e: a @ e.T)(x, np.eye(3)).jaxpr.eqns[-1]
         want = np.asarray(jax.jit(lambda a, e: a @ e.T)(x, np.eye(3)))
         got = _host.evaluate(eqn.primitive, [x, np.eye(3)], eqn.params)
-    if name == "signed zeros":
+    if name in ("signed zeros", "no -0.0"):
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+        assert np.shares_memory(got, x) == (name == "no -0.0")  # x + 0 is x itself but for -0.0
     else:  # inf * 0 is NaN in the rows XLA sums: XLA computes them
         assert got is None
 
@@ -177,3 +179,36 @@ def test_arithmetic_on_broadcasts_computes_one_element():
         assert got.strides == (0, 0)
         want = np.asarray(fun(*map(jnp.asarray, args)))
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+SIGNED = np.array([[-1.5, 0.0, -0.0], [2.0, np.inf, np.nan]])
+SUMS = {  # name: (primitive, a, b, what the rule returns: "a", "b", "broadcast" or "computed")
+    "+0 broadcast to no -0": (lax.add, np.broadcast_to(0.0, (2, 3)), np.abs(SIGNED), "b"),
+    "+0 broadcast to a -0": (lax.add, SIGNED, np.broadcast_to(0.0, (2, 3)), "computed"),
+    "-0 broadcast to a -0": (lax.add, np.broadcast_to(-0.0, (2, 3)), SIGNED, "b"),
+    "signed zeros to no -0": (lax.add, np.abs(SIGNED), -np.zeros((2, 3)) * SIGNED[:1], "a"),
+    "+0 broadcast to signed zeros": (lax.add, np.array([[0.0, -0.0, -0.0]] * 2), np.broadcast_to(0.0, (2, 3)),
+                                     "broadcast"),
+    "signed zeros to signed zeros": (lax.add, np.array([[0.0, -0.0, -0.0]] * 2), np.array([[-0.0, -0.0, 0.0]] * 2),
+                                     "computed"),
+    "less +0 from a -0": (lax.sub, SIGNED, np.broadcast_to(0.0, (2, 3)), "a"),
+    "less -0 from a -0": (lax.sub, SIGNED, np.broadcast_to(-0.0, (2, 3)), "computed"),
+    "less -0 from no -0": (lax.sub, np.abs(SIGNED), np.broadcast_to(-0.0, (2, 3)), "a"),
+    "zeros less a value": (lax.sub, np.zeros((2, 3)), np.abs(SIGNED), "computed"),
+    "a scalar +0 to no -0": (lax.add, np.abs(SIGNED), np.float64(0.0), "a"),
+}
+
+
+@pytest.mark.parametrize("name", SUMS)
+def test_a_sum_with_zeros_is_the_other_term_where_its_bits_are_xla_s(name):
+    """Derivative code adds materialized symbolic zeros to its tangents:
+    ``x + 0`` is ``x`` (not computed again) unless ``x`` holds a ``-0.0``
+    and the zero is ``+0.0`` somewhere (``-0.0 + +0.0`` is ``+0.0``)."""
+    fun, a, b, kind = SUMS[name]
+    with x64():
+        eqn = jax.make_jaxpr(fun)(a, b).jaxpr.eqns[-1]
+        want = np.asarray(jax.jit(fun)(a, b))
+        got = _host.evaluate(eqn.primitive, [a, b], eqn.params)
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+    returned = {"a": got is a, "b": got is b, "broadcast": got.strides == (0, 0)}
+    assert [k for k, hit in returned.items() if hit] == ([] if kind == "computed" else [kind])
