@@ -62,9 +62,28 @@ def test_a_product_with_the_identity_is_xla_s_bit_for_bit_or_not_ruled(name):
         assert got is None
 
 
+@pytest.mark.parametrize("unit, side", [(np.eye(5)[:, 1:4], "right"), (np.eye(5)[2:4], "left"),
+                                        (np.eye(5)[:, 3:], "right")])
+def test_a_product_with_unit_vectors_is_a_part_of_the_other_matrix(unit, side):
+    """The affine collapse pushes its unit vectors a batch at a time: a
+    product with some rows or columns of the identity picks those of the
+    other matrix (no BLAS), with XLA's bits."""
+    x = np.array([[-0.0, 1.5, -2.0, 0.0, 3.0], [4.0, -0.0, 5.0, -6.0, 0.0]])
+    x = x if side == "right" else x.T
+    fun = (lambda a, u: a @ u) if side == "right" else (lambda u, a: u @ a)
+    args = (x, unit) if side == "right" else (unit, x)
+    with x64():
+        eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
+        want = np.asarray(jax.jit(fun)(*args))
+        got = _host.evaluate(eqn.primitive, list(args), eqn.params)
+        assert _host.evaluate(eqn.primitive, [np.where(a is x, np.inf, a) for a in args], eqn.params) is None
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
 def test_a_product_with_an_almost_identity_is_not_ruled():
     eqn = jax.make_jaxpr(lambda a, e: a @ e)(F, np.eye(4, dtype=F.dtype)).jaxpr.eqns[-1]
-    for not_eye in (np.eye(4, dtype=F.dtype) * 2, np.eye(4, dtype=F.dtype)[::-1], np.ones((4, 4), F.dtype)):
+    for not_eye in (np.eye(4, dtype=F.dtype) * 2, np.eye(4, dtype=F.dtype)[::-1], np.ones((4, 4), F.dtype),
+                    np.eye(4, k=1, dtype=F.dtype), np.eye(4, k=-1, dtype=F.dtype)):
         assert _host.evaluate(eqn.primitive, [F, not_eye], eqn.params) is None
 
 
@@ -177,6 +196,21 @@ def test_arithmetic_on_broadcasts_computes_one_element():
         eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
         got = _host.evaluate(eqn.primitive, list(args), eqn.params)
         assert got.strides == (0, 0)
+        want = np.asarray(fun(*map(jnp.asarray, args)))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_arithmetic_on_row_broadcasts_computes_one_row():
+    """A tangent's zeros or a coordinate broadcast along the batch axis of
+    ``jacfwd`` (a column of 1331 values as 651x1331): one row of work."""
+    rows = np.broadcast_to(np.linspace(-1, 1, 200, dtype=np.float32), (300, 200))
+    zero_rows = np.broadcast_to(-np.zeros(200, np.float32), (300, 200))
+    cols = np.broadcast_to(np.linspace(0, 1, 300, dtype=np.float32)[:, None], (300, 200))
+    for fun, args, strides in ((lax.mul, (rows, zero_rows), (0, 4)), (lax.max, (rows, np.float32(0.5)), (0, 4)),
+                               (lax.add, (rows, cols), None)):
+        eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
+        got = _host.evaluate(eqn.primitive, list(args), eqn.params)
+        assert strides is None or got.strides == strides
         want = np.asarray(fun(*map(jnp.asarray, args)))
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
