@@ -112,3 +112,24 @@ def test_broadcast_zeros_skip_the_work_and_infinities_do_not():
     t[1, 2] = np.inf  # inf * 0 is NaN: computed, not skipped
     with np.errstate(invalid="ignore"):
         assert np.isnan(mul([t, zero], [True, False])[1, 2])
+
+
+@pytest.mark.parametrize("entry", [1.5, np.inf])
+def test_a_constant_times_unit_vectors_is_read_once_and_inf_still_spreads(entry, monkeypatch):
+    """The build pushes its unit vectors a batch at a time through ``H @ x``:
+    each batch is some columns of ``H`` (no BLAS), whose finiteness is read
+    once per build, not per batch; an infinity in ``H`` gives the NaN rows
+    that multiplying by the identity's zeros gives."""
+    H = rng.standard_normal((5, 12))
+    H[2, 7] = entry
+    with jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64(True):
+        jaxpr, consts, sources = _region(lambda x: jnp.asarray(H) @ x, jnp.zeros(12))
+        reads, isfinite = [], np.isfinite
+        monkeypatch.setattr(np, "isfinite", lambda x: (reads.append(np.shape(x)), isfinite(x))[1])
+        with np.errstate(invalid="ignore"):
+            (cols, _), = _linear.jacobian(jaxpr, consts, sources, batch=4)  # 3 batches of 4 unit vectors
+    monkeypatch.undo()
+    with np.errstate(invalid="ignore"):
+        want = H @ np.eye(12)  # BLAS: inf * 0 is NaN across row 2
+    np.testing.assert_array_equal(cols.T, want)
+    assert reads.count(H.shape) == 1
