@@ -123,7 +123,7 @@ def test_a_constant_times_unit_vectors_is_read_once_and_inf_still_spreads(entry,
     H = rng.standard_normal((5, 12))
     H[2, 7] = entry
     with jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64(True):
-        jaxpr, consts, sources = _region(lambda x: jnp.asarray(H) @ x, jnp.zeros(12))
+        jaxpr, consts, sources = _region(lambda x: H @ x, jnp.zeros(12))  # H a constant of the region
         reads, isfinite = [], np.isfinite
         monkeypatch.setattr(np, "isfinite", lambda x: (reads.append(np.shape(x)), isfinite(x))[1])
         with np.errstate(invalid="ignore"):
