@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.experimental  # enable_x64 before JAX 0.8
 import pytest
 
 #: (major, minor) of the JAX under test, for tests of behaviour that changed.
@@ -65,3 +66,8 @@ class Compiles:
         unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
         if unregister is not None:  # public from JAX 0.8; before, the listener stays, inactive
             unregister(self._listen)
+
+
+def x64():
+    """A context in which JAX computes in 64 bits (``jax.enable_x64``, public since 0.8)."""
+    return (jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64)(True)

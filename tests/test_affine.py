@@ -3,11 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import jax.experimental
 import pytest
 from jax import lax
 
 from pejit import FoldOptions, pe, pejit, specialize_jaxpr
+
+from ._util import x64
 
 rng = np.random.default_rng(0)
 C1, C2, C3 = (rng.standard_normal((32, 32)).astype(np.float32) / 6 for _ in range(3))
@@ -218,8 +219,7 @@ def test_effects_stay():
 
 
 def test_float64_chain_matches_numpy_closely():
-    enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64  # public since 0.8
-    with enable_x64(True):
+    with x64():
         a, b, c, x = (np.float64(v) for v in (C1, C2, C3, X))
         for residual, got in both_forms(chain, (a, b, c), x):
             assert residual.report.collapsed

@@ -8,7 +8,7 @@ from jax import lax
 
 from pejit import _batch, _compat, _host
 
-from ._util import Compiles
+from ._util import Compiles, x64
 
 rng = np.random.default_rng(0)
 F = rng.standard_normal((3, 4)).astype(np.float32)
@@ -96,10 +96,6 @@ def _equations(fun, args):
         got = _host.evaluate(e.primitive, ins, e.params)
         env.update(zip(e.outvars, want if e.primitive.multiple_results else [want]))
         yield e, got, want
-
-
-def x64():
-    return (jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64)(True)  # public since 0.8
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -8,7 +8,7 @@ from jax import lax
 
 from pejit import _compat, _linear, pejit
 
-from ._util import Compiles
+from ._util import Compiles, x64
 
 rng = np.random.default_rng(3)
 A = rng.standard_normal((6, 5)).astype(np.float32)
@@ -122,7 +122,7 @@ def test_a_constant_times_unit_vectors_is_read_once_and_inf_still_spreads(entry,
     that multiplying by the identity's zeros gives."""
     H = rng.standard_normal((5, 12))
     H[2, 7] = entry
-    with jax.enable_x64(True) if hasattr(jax, "enable_x64") else jax.experimental.enable_x64(True):
+    with x64():
         jaxpr, consts, sources = _region(lambda x: H @ x, jnp.zeros(12))  # H a constant of the region
         reads, isfinite = [], np.isfinite
         monkeypatch.setattr(np, "isfinite", lambda x: (reads.append(np.shape(x)), isfinite(x))[1])

@@ -348,10 +348,15 @@ def _owned(x) -> np.ndarray:
 def _whole(x: np.ndarray) -> bool:
     """Whether the view ``x`` spans all of the NumPy array it views (a
     transpose, a reshape): it keeps nothing alive but itself."""
-    base = x.base
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return isinstance(base, np.ndarray) and base.nbytes == x.nbytes
+    owner = root(x)
+    return owner is not x and owner.base is None and owner.nbytes == x.nbytes
+
+
+def root(x: np.ndarray) -> np.ndarray:
+    """The NumPy array that ``x`` views, through views of views (``x`` if it views none)."""
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x
 
 
 def to_jax(x: Any) -> Any:

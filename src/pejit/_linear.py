@@ -257,8 +257,10 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
     free_l, free_r = [lhs.shape[d] for d in lf], [rhs.shape[d] for d in rf]
     left = np.transpose(lhs, lb + lf + lc).reshape(math.prod(batch), math.prod(free_l), contracted)
     right = np.transpose(rhs, rb + rc + rf).reshape(math.prod(batch), contracted, math.prod(free_r))
-    finite = (None if bl else _finite_constant(lhs), None if br else _finite_constant(rhs))
-    out = _host.times_identity(left[0], right[0], finite) if len(left) == 1 else None  # a seed of unit vectors
+    out = None
+    if len(left) == 1:  # perhaps a seed of unit vectors
+        finite = (None if bl else _finite_constant(lhs), None if br else _finite_constant(rhs))
+        out = _host.times_identity(left[0], right[0], finite)
     out = (np.matmul(left, right) if out is None else out).reshape((*batch, *free_l, *free_r))
     if bl or br:  # the vmap axis to the front: it is the first free axis of its operand
         out = np.moveaxis(out, len(batch) + (0 if bl else len(lf)), 0)
@@ -357,16 +359,9 @@ def covers(eqns) -> bool:
 _FINITE: contextvars.ContextVar[dict[int, bool | None] | None] = contextvars.ContextVar("_FINITE", default=None)
 
 
-def _root(x: np.ndarray) -> np.ndarray:
-    """The array that ``x`` views (itself if none)."""
-    while isinstance(x.base, np.ndarray):
-        x = x.base
-    return x
-
-
 def _finite_constant(x: np.ndarray) -> bool | None:
     """Whether ``x``, (a view of) a constant of the region, is finite; None if it is not one."""
-    x = _root(x)
+    x = _host.root(x)
     memo = _FINITE.get()
     if memo is None or id(x) not in memo:
         return None
@@ -394,7 +389,7 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     consts = [np.asarray(c) if getattr(c, "dtype", None) in _host.FLOATS else c for c in consts]
     columns: list[list[np.ndarray]] = []
     offsets: list[Any] = []
-    finite = _FINITE.set({id(_root(c)): None for c in consts if isinstance(c, np.ndarray)})
+    finite = _FINITE.set({id(_host.root(c)): None for c in consts if isinstance(c, np.ndarray)})
     try:
         for lo in range(0, total, batch):
             hi = min(lo + batch, total)
