@@ -42,7 +42,7 @@ import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
-from . import _abstract, _compat, _host
+from . import _abstract, _compat, _host, _offload
 from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
 
 # -- the cost model (seconds, bytes per second) ------------------------------
@@ -194,7 +194,7 @@ def _fusible(prim, params) -> bool:
 def run_batch(
     segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, timings: list[tuple[float, float]] | None = None,
-    compact: Collection[Any] = (),
+    compact: Collection[Any] = (), kernels: _offload.Kernels | None = None,
 ) -> list[Any]:
     """Evaluate the planned batch and return the values of ``outputs``.
 
@@ -207,6 +207,8 @@ def run_batch(
     are handed to ``keep`` too, and their later uses read what it returns.
     ``tick(n)`` is told of every ``n`` equations evaluated (a progress
     bar). ``timings`` gets each segment's ``(seconds, of which compiling)``.
+    ``kernels`` holds those of the fold handed out before the batch (see
+    :mod:`pejit._offload`).
     """
     env = dict(env)
     uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
@@ -223,6 +225,11 @@ def run_batch(
             if uses[v]:
                 env[v] = kept if v in compact else x
 
+    # kernels run on a worker beside the host arithmetic (see pejit._offload)
+    kernels = kernels or _offload.Kernels()
+    eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
+    ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
+    position = -1  # in eager
     with _compat.evaluating():
         for seg in segments:
             start, compiling = time.perf_counter(), [0.0]
@@ -237,9 +244,13 @@ def run_batch(
                 tick(len(seg.recipes))
             else:
                 for r in seg.recipes:
+                    position += 1
+                    if ahead is not None:
+                        ahead.submit(position)
                     args = [env[a] if _is_var(a) else a for a in r.args]
-                    # on the host where a rule gives XLA's bits (no compile)
-                    outs = _host.evaluate(r.prim, args, r.params)
+                    outs = kernels.take(r, args)
+                    if outs is None:  # on the host where a rule gives XLA's bits (no compile)
+                        outs = _host.evaluate(r.prim, args, r.params)
                     if outs is None:
                         outs = _abstract.evaluate(r.prim, args, r.params)
                     del args
@@ -413,8 +424,9 @@ _MAX_PROGRAMS = 64
 
 
 def clear_programs() -> None:
-    """Forget the compiled batch programs (``cache_clear()`` calls this)."""
+    """Forget the compiled batch programs and kernels (``cache_clear()`` calls this)."""
     _programs.clear()
+    _offload.clear_programs()
 
 
 def _run_compiled(recipes, env, outputs, compiling: list[float] | None = None):

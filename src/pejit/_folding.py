@@ -36,7 +36,7 @@ from typing import Any
 import jax
 from jax.extend.core import Primitive
 
-from . import _abstract, _batch, _compat, _flops, _host, _progress, _values
+from . import _abstract, _batch, _compat, _flops, _host, _offload, _progress, _values
 from ._batch import nbytes
 from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
@@ -78,7 +78,8 @@ class Folder:
     #: equation reads (see :data:`FUSES_OPERANDS`).
     stores_unfused: bool = True
 
-    def __init__(self, options: FoldOptions = FoldOptions(), progress: _progress.Progress | None = None):
+    def __init__(self, options: FoldOptions = FoldOptions(), progress: _progress.Progress | None = None,
+                 early_kernels: bool = True):
         self.options = options
         self.progress = progress or _progress.Progress("fold", False)
         self.stats = FoldStats()
@@ -96,10 +97,14 @@ class Folder:
         # function's derivative several times) is folded once, as XLA's
         # common-subexpression elimination does under jax.jit
         self._folds: dict[Any, tuple[Any, tuple]] = {}
+        # kernels on concrete inputs start on a worker as they are recorded
+        # (see pejit._offload), where eager batches take them
+        self._kernels = _offload.Kernels()
+        self._early = early_kernels and options.backend in ("auto", "eager")
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
-        child = Folder(self.options, self.progress)
+        child = Folder(self.options, self.progress, early_kernels=False)  # its batches may not run
         child.stats = self.stats
         return child
 
@@ -286,6 +291,7 @@ class Folder:
         needed.reverse()
         self._folds.clear()  # the trace is over: nothing is folded again
         values = self._materialize(needed, final=True)
+        self._kernels.close()
         kept.reverse()
         n = len(consts)
         invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
@@ -356,6 +362,8 @@ class Folder:
             recipe_args = tuple(self._var(a) or a for a in args)
             recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy)
             self._recipes.update((v, recipe) for v in outvars if v is not None)
+            if self._early and not lazy:
+                self._kernels.early(recipe)
         if key is not None:
             self._folds[key] = (outs, tuple(args))  # the inputs, kept alive: their ids are in the key
         return outs
@@ -405,9 +413,11 @@ class Folder:
                 wanted = set(targets)
                 env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
                 self._materialized = {v: x for v, x in env.items() if v in wanted}
-                values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick, timings)
+                values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick, timings,
+                                          kernels=self._kernels)
             else:
-                values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick, timings)
+                values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick, timings,
+                                          kernels=self._kernels)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(

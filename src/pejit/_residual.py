@@ -82,22 +82,23 @@ def fold(
     before: ClosedJaxpr | None = None,
     known_invars: tuple[int, ...] = (),
     fallbacks: tuple[str, ...] = (),
-    retry_eager_bodies: bool = True,
+    abstract: bool = False,
     progress: Progress | None = None,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work.
 
     A trace that fails because Python needed a concrete value inside a loop
     body or branch is retried with JAX folding eagerly inside bodies, unless
-    ``retry_eager_bodies`` is off (no help when the constants are abstract).
+    the constants are ``abstract`` (a folding program's trace, see
+    :mod:`pejit._abstract`): that would not help.
     ``progress`` is told of the batches (see `pejit._progress`).
     """
     start = time.perf_counter()
     try:
-        folder = Folder(options, progress)
+        folder = Folder(options, progress, early_kernels=not abstract)  # else staged, not run
         jaxpr, consts = trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
-        if not retry_eager_bodies:
+        if abstract:
             raise
         # Python needed a concrete value inside a loop body or branch, which
         # pejit traces abstractly (so that effects there stay); let JAX fold

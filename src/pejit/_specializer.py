@@ -160,7 +160,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         traced_fun.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
         traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
         residual = fold(
-            traced_fun, avals, info.fold_options, name=info.name, retry_eager_bodies=False, progress=progress
+            traced_fun, avals, info.fold_options, name=info.name, abstract=True, progress=progress
         )
         traced["jaxpr"] = residual.open_jaxpr()
         traced["nconsts"] = len(residual.consts)

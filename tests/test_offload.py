@@ -1,0 +1,103 @@
+"""Kernels of a fold run on a worker thread beside the rest of it (pejit._offload)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from pejit import pe, pejit
+from pejit import _compat, _offload
+from pejit._batch import Recipe
+
+# A kernel as TFC's basis is one: a Python ``impl`` (which counts its calls)
+# and a lowering of its own, here to XLA's ``exp``: the worker runs the
+# lowering, JAX's eager dispatch the ``impl``. The values agree bit for bit.
+impl_calls = []
+kernel_p = Primitive("test_offload_kernel")
+kernel_p.def_impl(lambda x: impl_calls.append(1) or jax.jit(jnp.exp)(x))
+kernel_p.def_abstract_eval(lambda x: x)
+mlir.register_lowering(kernel_p, mlir.lower_fun(jnp.exp, multiple_results=False))
+
+#: 1 MiB of float32, the smallest output handed out
+SIZE = 512
+two_cores = pytest.mark.skipif(_offload._cores() < 2, reason="one core: nothing runs beside the fold")
+
+
+def f(A, B, x):
+    return kernel_p.bind(A) + kernel_p.bind(B) + x
+
+
+def constants(n=2):
+    rng = np.random.default_rng(0)
+    return [jnp.asarray(rng.standard_normal((SIZE, SIZE)), jnp.float32) for _ in range(n)]
+
+
+def expected(*args):
+    """What JAX's eager mode computes: each ``exp`` on its own, then the sums."""
+    *constants, x = args
+    return sum(jax.jit(jnp.exp)(c) for c in constants) + x
+
+
+@two_cores
+@pytest.mark.parametrize("form", ["pe", "pejit"])
+def test_kernels_on_constants_run_compiled_beside_the_fold_with_the_eager_values(form):
+    A, B = constants()
+    x = jnp.ones(SIZE, jnp.float32)
+    impl_calls.clear()
+    g = pe(A, B, x, constant_arg_nums=[0, 1])(f) if form == "pe" else pejit(f, constant_argnums=(0, 1))
+    out = g(x) if form == "pe" else g(A, B, x)
+    assert impl_calls == []  # both kernels ran as compiled programs, not by the eager impl
+    np.testing.assert_array_equal(out, expected(A, B, x))
+
+
+@two_cores
+def test_kernels_beyond_the_budget_are_handed_out_later_or_computed_in_place(monkeypatch):
+    monkeypatch.setattr(_offload, "AHEAD_BYTES", 1)  # one result waits at a time
+    A, B, C = constants(3)
+    x = jnp.ones(SIZE, jnp.float32)
+    impl_calls.clear()
+    g = pe(A, B, C, x, constant_arg_nums=[0, 1, 2])(lambda A, B, C, x: f(A, B, x) + kernel_p.bind(C))
+    np.testing.assert_array_equal(g(x), expected(A, B, x) + jax.jit(jnp.exp)(C))
+    assert impl_calls == []
+
+
+def test_on_one_core_the_batch_evaluates_kernels(monkeypatch):
+    monkeypatch.setattr(_offload, "_cores", lambda: 1)
+    A, B = constants()
+    x = jnp.ones(SIZE, jnp.float32)
+    impl_calls.clear()
+    np.testing.assert_array_equal(pe(A, B, x, constant_arg_nums=[0, 1])(f)(x), expected(A, B, x))
+    assert impl_calls == [1, 1]
+
+
+def test_small_kernels_and_kernels_without_a_lowering_are_left_to_the_batch():
+    small = Recipe(kernel_p, (np.ones((4, 4), np.float32),), {}, (_compat.new_var(jax.core.ShapedArray((4, 4), np.float32)),))
+    kernels = _offload.Kernels()
+    kernels.early(small)
+    assert small not in kernels
+    unlowered_p = Primitive("test_offload_unlowered")
+    unlowered_p.def_impl(lambda x: x)
+    unlowered_p.def_abstract_eval(lambda x: x)
+    big = np.ones((SIZE, SIZE), np.float32)
+    recipe = Recipe(unlowered_p, (big,), {}, (_compat.new_var(jax.core.ShapedArray(big.shape, big.dtype)),))
+    assert not kernels.kernel(recipe)
+    assert kernels.take(recipe, [big]) is None
+
+
+@two_cores
+def test_kernels_handed_out_by_the_trace_are_taken_once_or_let_go():
+    (A,) = constants(1)
+    var = _compat.new_var(jax.core.ShapedArray(A.shape, A.dtype))
+    taken, dropped = Recipe(kernel_p, (A,), {}, (var,)), Recipe(kernel_p, (-A,), {}, (var,))
+    kernels = _offload.Kernels()
+    kernels.early(taken)
+    kernels.early(dropped)
+    assert taken in kernels and dropped in kernels
+    np.testing.assert_array_equal(kernels.take(taken, [A]), jnp.exp(A))
+    assert taken not in kernels
+    kernels.close()  # the fold is over: what no batch took is let go
+    assert dropped not in kernels
