@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,14 +57,22 @@ def test_kernels_on_constants_run_compiled_beside_the_fold_with_the_eager_values
 
 
 @two_cores
-def test_kernels_beyond_the_budget_are_handed_out_later_or_computed_in_place(monkeypatch):
-    monkeypatch.setattr(_offload, "AHEAD_BYTES", 1)  # one result waits at a time
+def test_beyond_the_budget_kernels_wait_to_be_handed_out(monkeypatch):
+    monkeypatch.setattr(_offload, "AHEAD_BYTES", 1)  # one result waits at a time, per kind
+    waiting = []
+    hand = _offload.Kernels.hand
+
+    def watched(self, *args, **kwargs):
+        handed = hand(self, *args, **kwargs)
+        waiting.append(dict(self._waiting))
+        return handed
+
+    monkeypatch.setattr(_offload.Kernels, "hand", watched)
     A, B, C = constants(3)
     x = jnp.ones(SIZE, jnp.float32)
-    impl_calls.clear()
     g = pe(A, B, C, x, constant_arg_nums=[0, 1, 2])(lambda A, B, C, x: f(A, B, x) + kernel_p.bind(C))
     np.testing.assert_array_equal(g(x), expected(A, B, x) + jax.jit(jnp.exp)(C))
-    assert impl_calls == []
+    assert waiting and all(max(w.values()) <= SIZE * SIZE * 4 for w in waiting)
 
 
 def test_on_one_core_the_batch_evaluates_kernels(monkeypatch):
@@ -101,3 +111,24 @@ def test_kernels_handed_out_by_the_trace_are_taken_once_or_let_go():
     assert taken not in kernels
     kernels.close()  # the fold is over: what no batch took is let go
     assert dropped not in kernels
+
+
+@two_cores
+def test_a_batch_takes_back_the_trace_s_unstarted_kernels_to_hand_them_out_in_its_order():
+    A, B = constants()
+    recipes = [Recipe(kernel_p, (c,), {}, (_compat.new_var(jax.core.ShapedArray(c.shape, c.dtype)),)) for c in (A, B)]
+    kernels = _offload.Kernels()
+    busy = threading.Event()
+    _offload._pool().submit(busy.wait, 10)  # the worker starts nothing else meanwhile
+    try:
+        for r in recipes:
+            kernels.early(r)
+        assert all(r in kernels for r in recipes)
+        ahead = _offload.Ahead(kernels, recipes[::-1], {})  # a batch that needs B first
+        assert not any(r in kernels for r in recipes)
+        ahead.submit(-1)
+        assert all(r in kernels for r in recipes)
+    finally:
+        busy.set()
+    for r, c in zip(recipes, (A, B)):
+        np.testing.assert_array_equal(kernels.take(r, [c]), jax.jit(jnp.exp)(c))

@@ -43,7 +43,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from . import _abstract, _compat, _host, _offload
-from ._primitives import CALLS, ELEMENTWISE, EXPANSIONS, NOT_FUSED, called_jaxpr
+from ._primitives import called_jaxpr, fusible
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -152,7 +152,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
 
     run: list[Recipe] = []
     for r in recipes:
-        if _fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform):
+        if fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform):
             run.append(r)
         else:
             flush(run)
@@ -182,13 +182,6 @@ def _compiled_size(eqn) -> int:
     """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
     inner = called_jaxpr(eqn.primitive, eqn.params)
     return 1 if inner is None else max(1, sum(map(_compiled_size, inner.eqns)))
-
-
-def _fusible(prim, params) -> bool:
-    if prim.name in CALLS:
-        inner = called_jaxpr(prim, params)
-        return inner is not None and all(_fusible(e.primitive, e.params) for e in inner.eqns)
-    return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in NOT_FUSED
 
 
 def run_batch(

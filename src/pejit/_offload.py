@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from . import _compat, _host
-from ._primitives import CALLS, CUSTOM_CALLS
+from ._primitives import CALLS, CUSTOM_CALLS, fusible
 
 #: Bytes of results handed out and not yet read by the batch: how far the
 #: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
@@ -74,11 +74,12 @@ class Kernels:
 
     def kernel(self, recipe) -> bool:
         """Whether ``recipe`` is a kernel worth a hand-off: no host rule, not a
-        call, compilable, with outputs of :data:`MIN_BYTES` or more."""
+        call, not what a compiled segment would fuse (``plan_batch`` runs it
+        eagerly), compilable, with outputs of :data:`MIN_BYTES` or more."""
         prim = recipe.prim
         return (self.enabled and prim not in _host.HOST_RULES and prim.name not in CALLS
-                and prim.name not in CUSTOM_CALLS and recipe.out_bytes() >= MIN_BYTES
-                and _compat.has_lowering(prim, "cpu"))
+                and prim.name not in CUSTOM_CALLS and not fusible(prim, recipe.params)
+                and recipe.out_bytes() >= MIN_BYTES and _compat.has_lowering(prim, "cpu"))
 
     def early(self, recipe) -> None:
         """Hand ``recipe`` out as the trace records it, if it is a kernel on
@@ -100,6 +101,14 @@ class Kernels:
 
     def __contains__(self, recipe) -> bool:
         return recipe in self._handed
+
+    def recall(self) -> None:
+        """Take back the kernels the trace handed out that the worker has not
+        started: a batch hands them out again in the order it needs them."""
+        for recipe, handed in list(self._handed.items()):
+            if handed.early and handed.future.cancel():
+                del self._handed[recipe]
+                self._waiting[True] -= recipe.out_bytes()
 
     def close(self) -> None:
         """Let go of what no batch took (the fold is over): unstarted kernels are not run."""
@@ -150,6 +159,7 @@ class Ahead:
         self._env = env
         self._queue = [i for i, r in enumerate(recipes) if kernels.kernel(r)]
         self._next = 0  # the first entry of _queue not yet handed out or passed
+        kernels.recall()
 
     def submit(self, position: int) -> None:
         """Hand out the kernels after ``position`` whose inputs are known, in order."""

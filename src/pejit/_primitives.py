@@ -82,3 +82,11 @@ def call_body(params: dict) -> tuple:
     """``(jaxpr, consts)`` of the body a call's ``params`` hold (``jaxpr`` or ``call_jaxpr``)."""
     body = params.get("jaxpr") or params.get("call_jaxpr")
     return getattr(body, "jaxpr", body), getattr(body, "consts", ())
+
+
+def fusible(prim, params: dict) -> bool:
+    """Whether XLA fuses ``prim`` with its neighbours at a profit (a call: all it calls)."""
+    if prim.name in CALLS:
+        inner = called_jaxpr(prim, params)
+        return inner is not None and all(fusible(e.primitive, e.params) for e in inner.eqns)
+    return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in NOT_FUSED

@@ -90,12 +90,13 @@ def fold(
     A trace that fails because Python needed a concrete value inside a loop
     body or branch is retried with JAX folding eagerly inside bodies, unless
     the constants are ``abstract`` (a folding program's trace, see
-    :mod:`pejit._abstract`): that would not help.
+    :mod:`pejit._abstract`): that would not help. Its batches are staged,
+    not run, so no kernel starts while it is traced (see :mod:`pejit._offload`).
     ``progress`` is told of the batches (see `pejit._progress`).
     """
     start = time.perf_counter()
     try:
-        folder = Folder(options, progress, early_kernels=not abstract)  # else staged, not run
+        folder = Folder(options, progress, early_kernels=not abstract)
         jaxpr, consts = trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
         if abstract:
