@@ -133,3 +133,50 @@ def test_a_constant_times_unit_vectors_is_read_once_and_inf_still_spreads(entry,
         want = H @ np.eye(12)  # BLAS: inf * 0 is NaN across row 2
     np.testing.assert_array_equal(cols.T, want)
     assert reads.count(H.shape) == 1
+
+
+def test_a_small_constant_of_zeros_is_read_and_its_products_skip_the_work():
+    """A constant of zeros as the fold computed it (not a compacted broadcast)
+    is read where it is small beside the product: the product is one zero
+    broadcast, so the sums after it skip their work too; an infinity still
+    gives the NaN that multiplying computes."""
+    from jax.extend.core import primitives as P
+
+    t = rng.standard_normal((16, 64)).astype(np.float32)  # the zeros: at most an eighth of the product
+    zeros = np.zeros(64, np.float32)
+    mul, dot = _linear.LINEAR_RULES[P.mul_p], _linear.LINEAR_RULES[P.dot_general_p]
+    for product in (mul([zeros, t], [False, True]),
+                    dot([np.zeros((), np.float32), t], [False, True], dimension_numbers=(((), ()), ((), ())))):
+        assert product.shape == (16, 64) and not any(product.strides) and not product.any()
+    t[1, 2] = np.inf
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(mul([zeros, t], [False, True])[1, 2])
+
+    def fun(x):  # the zeros, one scalar of them, and then a sum reading the products
+        return zeros * x + jnp.float32(0) * x[::-1] + 2.0 * x
+
+    x = jnp.asarray(rng.standard_normal(64), jnp.float32)
+    jaxpr, consts, sources = _region(fun, x)
+    (cols, _), = _linear.jacobian(jaxpr, consts, sources, batch=16)
+    np.testing.assert_array_equal(cols.T, jax.jacfwd(fun)(x))
+
+
+@pytest.mark.parametrize("room", [_linear.KNOWN_BYTES, 0])
+def test_values_at_zero_are_computed_once_for_all_batches(room, monkeypatch):
+    """The values do not depend on the unit vectors: the first batch computes
+    them, the others read them (unless they do not fit in ``KNOWN_BYTES``)."""
+    C = rng.standard_normal(12).astype(np.float32)
+
+    def fun(x):
+        return jax.jit(lambda y: jnp.sin(C) * y)(x) + jnp.cos(C) * x
+
+    x = jnp.asarray(rng.standard_normal(12), jnp.float32)
+    jaxpr, consts, sources = _region(fun, x)
+    evaluated, evaluate = [], _linear._evaluate
+    monkeypatch.setattr(_linear, "_evaluate", lambda eqn, vals: (evaluated.append(eqn), evaluate(eqn, vals))[1])
+    monkeypatch.setattr(_linear, "KNOWN_BYTES", room)
+    (cols, c), = _linear.jacobian(jaxpr, consts, sources, batch=4)  # 3 batches of 4
+    np.testing.assert_allclose(cols.T, jax.jacfwd(fun)(x), rtol=1e-6)
+    np.testing.assert_array_equal(c, np.zeros(12, np.float32))
+    names = sorted(e.primitive.name for e in evaluated)
+    assert names == sorted(["sin", "cos"] * (1 if room else 3))

@@ -209,6 +209,13 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
     return None if out is None else out.reshape(left.shape[:-1] + right.shape[1:])
 
 
+def finite(x: Any) -> bool:
+    """Whether ``x`` holds only finite values, in one read: a sum is finite
+    only if its terms are (one that overflows says no: a caller then does the work)."""
+    x = np.asarray(x)
+    return bool(np.isfinite(_element(x) if _uniform(x) else x.sum()))
+
+
 def only_zeros(x: np.ndarray, budget: int) -> bool:
     """Whether ``x`` holds only zeros (of either sign), read whole only if it
     is at most ``budget`` elements, and after a few elements say it might."""

@@ -11,8 +11,8 @@ tens of milliseconds.
 
 A rule ``rule(args, batched, **params)`` is the primitive with NumPy, as
 ``jax.vmap`` would batch it: ``batched[i]`` says whether ``args[i]`` carries
-a leading batch axis. Each rule runs twice per equation: on the values at
-zero (nothing batched), and on the tangents, where the operands that the
+a leading batch axis. Each rule runs on the values at zero (nothing
+batched; for the first chunk only, see `_Known`), and on the tangents, where the operands that the
 output is linear in (:data:`FIXED` lists the others: the known factor of a
 product, a selection's predicate, indices) carry their tangents. The rules
 cover what :mod:`pejit.rules.affine` admits into a region; a region with
@@ -26,6 +26,7 @@ the matrix, like any collapse, changes rounding (see docs/numerics.md).
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,6 +51,10 @@ FIXED: dict[Any, Callable[[int], Sequence[int]]] = {
     P.dynamic_update_slice_p: lambda n: range(2, n),
 }
 _PRODUCTS = (P.mul_p, P.dot_general_p)
+
+#: At most this many bytes of a region's values at zero are kept from one
+#: batch of unit vectors for the next (see `_Known`).
+KNOWN_BYTES = 64 * 2**20
 
 
 class _Unsupported(Exception):
@@ -79,26 +84,36 @@ def _elementwise(ufunc):
 
 
 def _with_zeros(ufunc, args) -> np.ndarray:
-    """``ufunc(*args)``, skipping the work where an operand is a broadcast
-    zero (a folded constant, compacted; the full-size TFC PDE's collapse
-    multiplied and added 300 of them to 651x1331 tangents, 0.4 s): a sum is
-    the other operand, a product of finite values is zeros. The signs of
-    zeros are not kept, as the collapse does not keep rounding (see the
-    module docstring)."""
-    zero = [isinstance(a, np.ndarray) and _host.only_zeros(a, 0) for a in args]  # broadcasts only: nothing read
+    """``ufunc(*args)``, skipping the work where an operand holds only zeros:
+    a sum is the other operand, a product of finite values is zeros, one
+    zero broadcast (so that what reads it skips its work in turn).
+
+    The zeros are a folded constant, compacted (the full-size TFC PDE's
+    collapse multiplied and added 300 of them to 651x1331 tangents, 0.4 s),
+    or a constant of zeros as the fold computed it, read here when it is
+    small beside the result: at 15^3 points the collapse multiplied 328x3375
+    tangents by 352 constants of 3375 zeros and then added and subtracted
+    the products. The signs of zeros are not kept, as the collapse does not
+    keep rounding (see the module docstring)."""
+    shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+    small = math.prod(shape) // 8
+    zero = [isinstance(a, np.ndarray) and _host.only_zeros(a, small) for a in args]
     if any(zero) and ufunc in (np.add, np.subtract, np.multiply):
-        shape = np.broadcast_shapes(*(np.shape(a) for a in args))
         if ufunc is np.multiply:
-            if all(z or np.isfinite(a).all() for a, z in zip(args, zero)):
-                return np.broadcast_to(np.zeros((), np.result_type(*args)), shape)
+            if all(z or _host.finite(a) for a, z in zip(args, zero)):
+                return _zeros(shape, np.result_type(*args))
         else:
             rest = [(i, a) for i, (a, z) in enumerate(zip(args, zero)) if not z]
             if not rest:
-                return np.broadcast_to(np.zeros((), np.result_type(*args)), shape)
+                return _zeros(shape, np.result_type(*args))
             (i, a), = rest
             if np.shape(a) == shape and np.result_type(*args) == a.dtype:
                 return -a if ufunc is np.subtract and i == 1 else a
     return ufunc(*args)
+
+
+def _zeros(shape, dtype) -> np.ndarray:
+    return np.broadcast_to(np.zeros((), dtype), shape)
 
 
 for _prim, _ufunc in ((P.add_p, np.add), (P.add_jaxvals_p, np.add), (P.sub_p, np.subtract),
@@ -258,10 +273,13 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
     left = np.transpose(lhs, lb + lf + lc).reshape(math.prod(batch), math.prod(free_l), contracted)
     right = np.transpose(rhs, rb + rc + rf).reshape(math.prod(batch), contracted, math.prod(free_r))
     out = None
-    if len(left) == 1:  # perhaps a seed of unit vectors
+    shape = (*batch, *free_l, *free_r)
+    if any(_host.only_zeros(x, math.prod(shape) // 8) for x in (lhs, rhs)) and _host.finite(lhs) and _host.finite(rhs):
+        out = _zeros(shape, np.result_type(lhs, rhs))  # as in _with_zeros
+    elif len(left) == 1:  # perhaps a seed of unit vectors
         finite = (None if bl else _finite_constant(lhs), None if br else _finite_constant(rhs))
         out = _host.times_identity(left[0], right[0], finite)
-    out = (np.matmul(left, right) if out is None else out).reshape((*batch, *free_l, *free_r))
+    out = (np.matmul(left, right) if out is None else out).reshape(shape)
     if bl or br:  # the vmap axis to the front: it is the first free axis of its operand
         out = np.moveaxis(out, len(batch) + (0 if bl else len(lf)), 0)
     return out
@@ -270,7 +288,28 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
 _CALLS = frozenset([_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p])
 
 
-def _run(jaxpr, consts, values, tangents) -> tuple[list, list]:
+@dataclasses.dataclass
+class _Known:
+    """A region's values at zero, by equation (a call's body's under ``bodies``),
+    kept from one batch of unit vectors for the next while they fit in
+    ``room`` bytes: they do not depend on the unit vectors. At 15^3 points
+    the TFC PDE's collapse computed them again for each of its 4 batches,
+    1 s of its 6.9 s."""
+
+    room: int
+    outs: dict[int, list] = dataclasses.field(default_factory=dict)
+    bodies: dict[int, _Known] = dataclasses.field(default_factory=dict)
+
+    def body(self, i: int) -> _Known:
+        return self.bodies.setdefault(i, _Known(0))
+
+    def keep(self, i: int, outs: list) -> None:
+        size = sum(np.asarray(x).nbytes for x in outs)
+        if i not in self.outs and size <= self.room:
+            self.outs[i], self.room = outs, self.room - size
+
+
+def _run(jaxpr, consts, values, tangents, known: _Known) -> tuple[list, list]:
     """Values and tangents (or None: zero) of ``jaxpr``'s outputs."""
     env: dict[Any, tuple[Any, Any]] = {v: (x, None) for v, x in zip(jaxpr.constvars, consts)}
     env.update(zip(jaxpr.invars, zip(values, tangents)))
@@ -284,11 +323,15 @@ def _run(jaxpr, consts, values, tangents) -> tuple[list, list]:
         vals, tans = zip(*map(read, eqn.invars)) if eqn.invars else ((), ())
         if eqn.primitive in _CALLS and any(t is not None for t in tans):
             body, body_consts = call_body(eqn.params)
-            outs, out_tans = _run(body, body_consts, vals, tans)
+            inner = known.body(i)
+            inner.room, known.room = known.room, 0  # lent to the body, and back
+            outs, out_tans = _run(body, body_consts, vals, tans, inner)
+            inner.room, known.room = 0, inner.room
         elif all(t is None for t in tans):
-            outs, out_tans = _evaluate(eqn, vals), [None] * len(eqn.outvars)
+            outs, out_tans = known.outs.get(i) or _evaluate(eqn, vals), [None] * len(eqn.outvars)
         else:
-            outs, out_tans = _linear(eqn, vals, tans)
+            outs, out_tans = _linear(eqn, vals, tans, known.outs.get(i))
+        known.keep(i, outs)
         for v, x, t in zip(eqn.outvars, outs, out_tans):
             if t is not None:
                 dtype = v.aval.dtype  # possibly extended (PRNG keys): no np.dtype
@@ -310,7 +353,8 @@ def _evaluate(eqn, vals) -> list:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def _linear(eqn, vals, tans) -> tuple[list, list]:
+def _linear(eqn, vals, tans, outs: list | None) -> tuple[list, list]:
+    """Values (``outs`` where known) and tangents of a linear equation's outputs."""
     prim = eqn.primitive
     rule = LINEAR_RULES.get(prim)
     if rule is None:
@@ -332,11 +376,11 @@ def _linear(eqn, vals, tans) -> tuple[list, list]:
             args.append(np.broadcast_to(np.zeros((), np.asarray(x).dtype), np.shape(x))), batched.append(False)
         else:
             args.append(t), batched.append(True)
-    out = rule([np.asarray(x) for x in vals], [False] * n, **eqn.params)
     tan = rule(args, batched, **eqn.params)
-    if prim.multiple_results:
-        return list(out), list(tan)
-    return [out], [tan]
+    if outs is None:
+        out = rule([np.asarray(x) for x in vals], [False] * n, **eqn.params)
+        outs = list(out) if prim.multiple_results else [out]
+    return outs, list(tan) if prim.multiple_results else [tan]
 
 
 def covers(eqns) -> bool:
@@ -389,6 +433,7 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     consts = [np.asarray(c) if getattr(c, "dtype", None) in _host.FLOATS else c for c in consts]
     columns: list[list[np.ndarray]] = []
     offsets: list[Any] = []
+    known = _Known(KNOWN_BYTES)
     finite = _FINITE.set({id(_host.root(c)): None for c in consts if isinstance(c, np.ndarray)})
     try:
         for lo in range(0, total, batch):
@@ -402,7 +447,7 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
                 seed = np.zeros((hi - lo, n), zero.dtype)
                 seed[np.arange(a - lo, b - lo), np.arange(a - start, b - start)] = 1
                 seeds.append(seed.reshape(hi - lo, *zero.shape))
-            offsets, tans = _run(sub, (), [*consts, *zeros], [None] * len(consts) + seeds)
+            offsets, tans = _run(sub, (), [*consts, *zeros], [None] * len(consts) + seeds, known)
             columns.append([
                 np.zeros((hi - lo, v.size), v.dtype) if t is None else t.reshape(hi - lo, -1)
                 for v, t in zip(offsets, tans)
