@@ -1,12 +1,14 @@
 """The host rules that build an affine region's matrix (pejit._linear), against ``jax.jacfwd``."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
-from pejit import _compat, _linear, pejit
+from pejit import _compat, _linear, _offload, pejit
 
 from ._util import Compiles, x64
 
@@ -175,8 +177,41 @@ def test_values_at_zero_are_computed_once_for_all_batches(room, monkeypatch):
     evaluated, evaluate = [], _linear._evaluate
     monkeypatch.setattr(_linear, "_evaluate", lambda eqn, vals: (evaluated.append(eqn), evaluate(eqn, vals))[1])
     monkeypatch.setattr(_linear, "KNOWN_BYTES", room)
-    (cols, c), = _linear.jacobian(jaxpr, consts, sources, batch=4)  # 3 batches of 4
+    monkeypatch.setattr(_offload, "_cores", lambda: 1)  # every batch on this thread
+    (cols, c), = _linear.jacobian(jaxpr, consts, sources, batch=4)  # one unit vector, then 3 batches
     np.testing.assert_allclose(cols.T, jax.jacfwd(fun)(x), rtol=1e-6)
     np.testing.assert_array_equal(c, np.zeros(12, np.float32))
     names = sorted(e.primitive.name for e in evaluated)
-    assert names == sorted(["sin", "cos"] * (1 if room else 3))
+    assert names == sorted(["sin", "cos"] * (1 if room else 4))
+
+
+@pytest.mark.parametrize("room", [_linear.KNOWN_BYTES, 0])
+def test_the_worker_takes_batches_and_leaves_jax_s_dispatch_to_the_folding_thread(room, monkeypatch):
+    """With a second core, the worker thread computes half of the batches
+    after the first from the values that batch kept; where one was not kept, the
+    batch is computed again on the folding thread, whose configuration JAX's
+    dispatch reads (64-bit here)."""
+    C = rng.standard_normal(12)
+
+    def fun(x):
+        return jnp.sin(C) * x[::-1] + 2.0 * x
+
+    monkeypatch.setattr(_offload, "_cores", lambda: 2)
+    monkeypatch.setattr(_linear, "KNOWN_BYTES", room)
+    threads = {"evaluate": set(), "linear": set()}
+    evaluate, linear, run, collect = _linear._evaluate, _linear._linear, _linear._run, _linear._collect
+    started = threading.Event()  # the worker has started a batch: the folding thread does not take it back
+    monkeypatch.setattr(_linear, "_run", lambda *a: (a[5] or started.set(), run(*a))[1])
+    monkeypatch.setattr(_linear, "_collect", lambda *a: (started.wait(10), collect(*a))[1])
+    monkeypatch.setattr(_linear, "_evaluate", lambda *a: (threads["evaluate"].add(threading.current_thread()),
+                                                          evaluate(*a))[1])
+    monkeypatch.setattr(_linear, "_linear", lambda *a: (threads["linear"].add(threading.current_thread()),
+                                                        linear(*a))[1])
+    with x64():
+        x = jnp.asarray(rng.standard_normal(12))
+        jaxpr, consts, sources = _region(fun, x)
+        (cols, _), = _linear.jacobian(jaxpr, consts, sources, batch=2)  # 1 unit vector, then 6 batches
+        want = jax.jacfwd(fun)(x)
+    np.testing.assert_array_equal(cols.T, want)
+    assert threads["evaluate"] == {threading.main_thread()}
+    assert (len(threads["linear"]) == 2) == bool(room)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from jax.extend.core import primitives as P
 
-from . import _compat, _host
+from . import _compat, _host, _offload
 from ._primitives import call_body
 
 LinearRule = Callable[..., Any]
@@ -52,8 +52,8 @@ FIXED: dict[Any, Callable[[int], Sequence[int]]] = {
 }
 _PRODUCTS = (P.mul_p, P.dot_general_p)
 
-#: At most this many bytes of a region's values at zero are kept from one
-#: batch of unit vectors for the next (see `_Known`).
+#: At most this many bytes of a region's values at zero are kept from the
+#: first batch of unit vectors for the others (see `_Known`).
 KNOWN_BYTES = 64 * 2**20
 
 
@@ -288,29 +288,36 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
 _CALLS = frozenset([_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p])
 
 
-@dataclasses.dataclass
 class _Known:
-    """A region's values at zero, by equation (a call's body's under ``bodies``),
-    kept from one batch of unit vectors for the next while they fit in
-    ``room`` bytes: they do not depend on the unit vectors. At 15^3 points
-    the TFC PDE's collapse computed them again for each of its 4 batches,
-    1 s of its 6.9 s."""
+    """A region's values at zero, by equation (a call's body's under
+    :meth:`body`), kept from the first batch of unit vectors for the others
+    while they fit in the ``room`` (bytes, shared with the bodies): they do
+    not depend on the unit vectors. At 15^3 points the TFC PDE's collapse
+    computed them again for each of its 4 batches, 1 s of its 6.9 s."""
 
-    room: int
-    outs: dict[int, list] = dataclasses.field(default_factory=dict)
-    bodies: dict[int, _Known] = dataclasses.field(default_factory=dict)
+    def __init__(self, room: list[int]):
+        self.room = room
+        self.outs: dict[int, list] = {}
+        self._bodies: dict[int, _Known] = {}
 
     def body(self, i: int) -> _Known:
-        return self.bodies.setdefault(i, _Known(0))
+        return self._bodies.setdefault(i, _Known(self.room))
 
     def keep(self, i: int, outs: list) -> None:
         size = sum(np.asarray(x).nbytes for x in outs)
-        if i not in self.outs and size <= self.room:
-            self.outs[i], self.room = outs, self.room - size
+        if i not in self.outs and size <= self.room[0]:
+            self.outs[i] = outs
+            self.room[0] -= size
 
 
-def _run(jaxpr, consts, values, tangents, known: _Known) -> tuple[list, list]:
-    """Values and tangents (or None: zero) of ``jaxpr``'s outputs."""
+class _Miss(Exception):
+    """A value at zero not kept, met off the folding thread, where JAX's
+    dispatch would not see its configuration (``enable_x64`` is per thread)."""
+
+
+def _run(jaxpr, consts, values, tangents, known: _Known, alone: bool = True) -> tuple[list, list]:
+    """Values and tangents (or None: zero) of ``jaxpr``'s outputs; ``known``
+    gives values at zero and, on the folding thread (``alone``), keeps them."""
     env: dict[Any, tuple[Any, Any]] = {v: (x, None) for v, x in zip(jaxpr.constvars, consts)}
     env.update(zip(jaxpr.invars, zip(values, tangents)))
 
@@ -321,17 +328,20 @@ def _run(jaxpr, consts, values, tangents, known: _Known) -> tuple[list, list]:
     outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # not literals: unhashable
     for i, eqn in enumerate(jaxpr.eqns):
         vals, tans = zip(*map(read, eqn.invars)) if eqn.invars else ((), ())
-        if eqn.primitive in _CALLS and any(t is not None for t in tans):
+        varying = any(t is not None for t in tans)
+        if eqn.primitive in _CALLS and varying:
             body, body_consts = call_body(eqn.params)
-            inner = known.body(i)
-            inner.room, known.room = known.room, 0  # lent to the body, and back
-            outs, out_tans = _run(body, body_consts, vals, tans, inner)
-            inner.room, known.room = 0, inner.room
-        elif all(t is None for t in tans):
-            outs, out_tans = known.outs.get(i) or _evaluate(eqn, vals), [None] * len(eqn.outvars)
+            outs, out_tans = _run(body, body_consts, vals, tans, known.body(i), alone)
         else:
-            outs, out_tans = _linear(eqn, vals, tans, known.outs.get(i))
-        known.keep(i, outs)
+            outs = known.outs.get(i)
+            if outs is None and not alone:
+                raise _Miss
+            if varying:
+                outs, out_tans = _linear(eqn, vals, tans, outs)
+            else:
+                outs, out_tans = _evaluate(eqn, vals) if outs is None else outs, [None] * len(eqn.outvars)
+        if alone:
+            known.keep(i, outs)
         for v, x, t in zip(eqn.outvars, outs, out_tans):
             if t is not None:
                 dtype = v.aval.dtype  # possibly extended (PRNG keys): no np.dtype
@@ -414,6 +424,17 @@ def _finite_constant(x: np.ndarray) -> bool | None:
     return memo[id(x)]
 
 
+def _collect(future, chunk, lo: int, hi: int) -> list[np.ndarray]:
+    """A batch's columns from the worker, or computed here: where the worker
+    has not started it, or met a value at zero that was not kept."""
+    if not future.cancel():
+        try:
+            return future.result()[1]
+        except _Miss:
+            pass
+    return chunk(lo, hi)[1]
+
+
 def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> list[tuple[Any, Any]] | None:
     """``(columns, c)`` per output of ``sub``: the output is ``columns.T @ concat(sources, flattened) + c``.
 
@@ -427,33 +448,46 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     sizes = [math.prod(s.aval.shape) for s in sources]
     starts = np.cumsum([0, *sizes])
     total = int(starts[-1])
-    if any(s.aval.dtype not in _host.FLOATS for s in sources):
+    if not total or any(s.aval.dtype not in _host.FLOATS for s in sources):
         return None
     zeros = [np.zeros(s.aval.shape, s.aval.dtype) for s in sources]
     consts = [np.asarray(c) if getattr(c, "dtype", None) in _host.FLOATS else c for c in consts]
-    columns: list[list[np.ndarray]] = []
-    offsets: list[Any] = []
-    known = _Known(KNOWN_BYTES)
+    known = _Known([KNOWN_BYTES])
+
+    def chunk(lo: int, hi: int, alone: bool = True) -> tuple[list, list[np.ndarray]]:
+        """The offsets, and the columns ``lo:hi`` of each output."""
+        seeds = []
+        for s, n, start, zero in zip(sources, sizes, starts, zeros):
+            a, b = max(lo, start), min(hi, start + n)
+            if a >= b:
+                seeds.append(None)
+                continue
+            seed = np.zeros((hi - lo, n), zero.dtype)
+            seed[np.arange(a - lo, b - lo), np.arange(a - start, b - start)] = 1
+            seeds.append(seed.reshape(hi - lo, *zero.shape))
+        offsets, tans = _run(sub, (), [*consts, *zeros], [None] * len(consts) + seeds, known, alone)
+        return offsets, [np.zeros((hi - lo, v.size), v.dtype) if t is None else t.reshape(hi - lo, -1)
+                         for v, t in zip(offsets, tans)]
+
     finite = _FINITE.set({id(_host.root(c)): None for c in consts if isinstance(c, np.ndarray)})
+    handed: dict[int, Any] = {}
     try:
-        for lo in range(0, total, batch):
-            hi = min(lo + batch, total)
-            seeds = []
-            for s, n, start, zero in zip(sources, sizes, starts, zeros):
-                a, b = max(lo, start), min(hi, start + n)
-                if a >= b:
-                    seeds.append(None)
-                    continue
-                seed = np.zeros((hi - lo, n), zero.dtype)
-                seed[np.arange(a - lo, b - lo), np.arange(a - start, b - start)] = 1
-                seeds.append(seed.reshape(hi - lo, *zero.shape))
-            offsets, tans = _run(sub, (), [*consts, *zeros], [None] * len(consts) + seeds, known)
-            columns.append([
-                np.zeros((hi - lo, v.size), v.dtype) if t is None else t.reshape(hi - lo, -1)
-                for v, t in zip(offsets, tans)
-            ])
+        # one unit vector first, keeping the values at zero; then the worker
+        # thread, where a second core runs it, takes half of the batches
+        # (NumPy's loops release the GIL), and the folding thread the others
+        offsets, first = chunk(0, 1)
+        spare = _offload.spare()
+        n = -(-(total - 1) // batch)
+        n += n % 2 if spare else 0
+        bounds = [(1 + (total - 1) * i // n, 1 + (total - 1) * (i + 1) // n) for i in range(n)]
+        if spare is not None:
+            handed = {lo: spare.submit(contextvars.copy_context().run, chunk, lo, hi, False) for lo, hi in bounds[1::2]}
+        mine = {lo: chunk(lo, hi)[1] for lo, hi in bounds if lo not in handed}
+        columns = [first, *(mine[lo] if lo in mine else _collect(handed[lo], chunk, lo, hi) for lo, hi in bounds)]
     except _Unsupported:
         return None
     finally:
         _FINITE.reset(finite)
+        for future in handed.values():  # not needed now, where a batch failed
+            future.cancel()
     return [(np.concatenate(cols), c) for cols, c in zip(zip(*columns), offsets)]

@@ -175,6 +175,12 @@ class Ahead:
             self._next += 1
 
 
+def spare() -> concurrent.futures.Executor | None:
+    """The worker, where a second core can run it beside the folding thread (else
+    None): for other work of the fold that releases the GIL, after its kernels."""
+    return _pool() if _cores() > 1 else None
+
+
 def _cores() -> int:
     affinity = getattr(os, "sched_getaffinity", None)  # not on macOS
     return len(affinity(0)) if affinity else os.cpu_count() or 1
