@@ -43,7 +43,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from . import _abstract, _compat, _host, _offload
-from ._primitives import called_jaxpr, fusible
+from ._primitives import called_jaxpr, fusible, params_key
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -219,7 +219,8 @@ def run_batch(
                 env[v] = kept if v in compact else x
 
     # kernels run on a worker beside the host arithmetic (see pejit._offload)
-    kernels = kernels or _offload.Kernels()
+    if kernels is None:
+        kernels = _offload.Kernels()
     eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
     ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
     position = -1  # in eager
@@ -512,10 +513,6 @@ def _interpreter(recipes, structure, out_refs):
 
 def _defined(outvars, values):
     return [(v, x) for v, x in zip(outvars, values) if v is not None]
-
-
-def params_key(params: dict):
-    return tuple(sorted(params.items()))
 
 
 def _is_var(a) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import _compat
-from ._batch import params_key
+from ._primitives import params_key
 
 
 def _atom_key(a, rename: dict) -> Any:

@@ -41,7 +41,7 @@ from ._batch import nbytes
 from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
 from ._options import FoldOptions
-from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS
+from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, params_key
 from ._staging import policy_of
 from ._stats import FoldStats, label
 
@@ -379,7 +379,7 @@ class Folder:
             return (type(a), a) if isinstance(a, (bool, int, float, complex)) else id(a)
 
         try:
-            key = (prim, _batch.params_key(params), tuple(map(arg_key, args)))
+            key = (prim, params_key(params), tuple(map(arg_key, args)))
             hash(key)
         except TypeError:
             return None

@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from . import _compat, _host
-from ._primitives import CALLS, CUSTOM_CALLS, fusible
+from ._primitives import CALLS, CUSTOM_CALLS, fusible, params_key
 
 #: Bytes of results handed out and not yet read by the batch: how far the
 #: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
@@ -232,7 +232,7 @@ def _lowered(prim, params: dict, args: Sequence[Any]) -> _Kernel | None:
                and a.dtype in _host.DTYPES for a in args):
         return None  # Python scalars (weak types), keys, abstract constants
     try:
-        key = (prim, tuple(sorted(params.items())), tuple((a.shape, a.dtype) for a in args))
+        key = (prim, params_key(params), tuple((a.shape, a.dtype) for a in args))
         hash(key)
     except TypeError:
         return None

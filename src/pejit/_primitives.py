@@ -90,3 +90,8 @@ def fusible(prim, params: dict) -> bool:
         inner = called_jaxpr(prim, params)
         return inner is not None and all(fusible(e.primitive, e.params) for e in inner.eqns)
     return (prim in ELEMENTWISE or prim in EXPANSIONS) and prim.name not in NOT_FUSED
+
+
+def params_key(params: dict) -> tuple:
+    """An equation's parameters as part of a key (they are hashable where JAX caches by them)."""
+    return tuple(sorted(params.items()))
