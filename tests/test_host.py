@@ -211,6 +211,15 @@ def test_arithmetic_on_row_broadcasts_computes_one_row():
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_a_broadcast_is_read_once_per_distinct_element():
+    """What a row broadcast along ``jacfwd``'s unit vectors holds is one row
+    to read: at 15^3 points, 3375 elements instead of 3.4 million."""
+    rows = np.broadcast_to(np.zeros(200), (300, 200))
+    assert _host.only_zeros(rows, 200) and not _host.only_zeros(np.zeros((300, 200)), 200)
+    assert _host.finite(rows) and not _host.finite(np.broadcast_to(np.array([1.0, np.inf]), (5, 2)))
+    assert _host.finite(np.zeros((0, 3))) and not _host.finite(np.broadcast_to(np.nan, (2, 2)))
+
+
 SIGNED = np.array([[-1.5, 0.0, -0.0], [2.0, np.inf, np.nan]])
 SUMS = {  # name: (primitive, a, b, what the rule returns: "a", "b", "broadcast" or "computed")
     "+0 broadcast to no -0": (lax.add, np.broadcast_to(0.0, (2, 3)), np.abs(SIGNED), "b"),
@@ -226,6 +235,8 @@ SUMS = {  # name: (primitive, a, b, what the rule returns: "a", "b", "broadcast"
     "less -0 from no -0": (lax.sub, np.abs(SIGNED), np.broadcast_to(-0.0, (2, 3)), "a"),
     "zeros less a value": (lax.sub, np.zeros((2, 3)), np.abs(SIGNED), "computed"),
     "a scalar +0 to no -0": (lax.add, np.abs(SIGNED), np.float64(0.0), "a"),
+    "+0 to rows of no -0": (lax.add, np.broadcast_to(np.abs(SIGNED[0]), (2, 3)), np.zeros((2, 3)), "a"),
+    "+0 to rows of a -0": (lax.add, np.broadcast_to(SIGNED[0], (2, 3)), np.zeros((2, 3)), "computed"),
 }
 
 

@@ -83,6 +83,15 @@ def _element(x: np.ndarray) -> np.ndarray:
     return np.asarray(x[(0,) * x.ndim])
 
 
+def _distinct(x: np.ndarray) -> np.ndarray:
+    """``x`` without its broadcast axes (stride 0): each element once. A
+    row of a constant broadcast along the unit vectors of ``jacfwd``, times
+    another, is 3375 elements to read at 15^3 points, not 3.4 million."""
+    if x.size == 0 or all(x.strides):
+        return x
+    return np.asarray(x[tuple(0 if stride == 0 else slice(None) for stride in x.strides)])
+
+
 def _sum(ufunc: Callable) -> Callable:
     """The rule of ``add`` (``ufunc`` add) or ``sub`` (subtract): where a term
     (the subtrahend) holds only zeros, the other, not computed again.
@@ -119,8 +128,9 @@ def _sum(ufunc: Callable) -> Callable:
 def _no_negative_zero(x: np.ndarray) -> bool:
     """Whether ``x`` (floats) holds no ``-0.0``: its bits as integers are the
     smallest integer only there (one read, no array written)."""
-    if x.size == 0 or _uniform(x):
-        return not (x.size and x.flat[0] == 0 and np.signbit(x.flat[0]))
+    x = _distinct(x)
+    if x.size == 0:
+        return True
     ints = x.view(np.dtype(f"int{8 * x.itemsize}"))
     return int(ints.min()) != np.iinfo(ints.dtype).min
 
@@ -212,15 +222,13 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
 def finite(x: Any) -> bool:
     """Whether ``x`` holds only finite values, in one read: a sum is finite
     only if its terms are (one that overflows says no: a caller then does the work)."""
-    x = np.asarray(x)
-    return bool(np.isfinite(_element(x) if _uniform(x) else x.sum()))
+    return bool(np.isfinite(_distinct(np.asarray(x)).sum()))
 
 
 def only_zeros(x: np.ndarray, budget: int) -> bool:
     """Whether ``x`` holds only zeros (of either sign), read whole only if it
     is at most ``budget`` elements, and after a few elements say it might."""
-    if _uniform(x):
-        return not _element(x)
+    x = _distinct(x)
     if x.size > budget or x.size and (x.flat[0] or x.flat[-1] or x.flat[x.size // 2]):
         return False
     return not x.any()
