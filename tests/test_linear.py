@@ -210,7 +210,7 @@ def test_the_worker_takes_batches_and_leaves_jax_s_dispatch_to_the_folding_threa
     with x64():
         x = jnp.asarray(rng.standard_normal(12))
         jaxpr, consts, sources = _region(fun, x)
-        (cols, _), = _linear.jacobian(jaxpr, consts, sources, batch=2)  # 1 unit vector, then 6 batches
+        (cols, _), = _linear.jacobian(jaxpr, consts, sources, batch=4)  # 1 unit vector, then 11 in 6 batches
         want = jax.jacfwd(fun)(x)
     np.testing.assert_array_equal(cols.T, want)
     assert threads["evaluate"] == {threading.main_thread()}

@@ -12,9 +12,9 @@ tens of milliseconds.
 A rule ``rule(args, batched, **params)`` is the primitive with NumPy, as
 ``jax.vmap`` would batch it: ``batched[i]`` says whether ``args[i]`` carries
 a leading batch axis. Each rule runs on the values at zero (nothing
-batched; for the first chunk only, see `_Known`), and on the tangents, where the operands that the
-output is linear in (:data:`FIXED` lists the others: the known factor of a
-product, a selection's predicate, indices) carry their tangents. The rules
+batched; once, see `_Known`), and on the tangents, where the operands that
+the output is linear in (:data:`FIXED` lists the others: the known factor of
+a product, a selection's predicate, indices) carry their tangents. The rules
 cover what :mod:`pejit.rules.affine` admits into a region; a region with
 anything else, or off one CPU device, or not in float32/float64, is left to
 the ``jvp`` construction (:func:`jacobian` returns None).
@@ -26,7 +26,6 @@ the matrix, like any collapse, changes rounding (see docs/numerics.md).
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -474,10 +473,12 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     try:
         # one unit vector first, keeping the values at zero; then the worker
         # thread, where a second core runs it, takes half of the batches
-        # (NumPy's loops release the GIL), and the folding thread the others
+        # (NumPy's loops release the GIL), and the folding thread the others:
+        # two at a time, each of half the size
         offsets, first = chunk(0, 1)
         spare = _offload.spare()
-        n = -(-(total - 1) // batch)
+        size = max(1, batch // 2) if spare else batch
+        n = -(-(total - 1) // size)
         n += n % 2 if spare else 0
         bounds = [(1 + (total - 1) * i // n, 1 + (total - 1) * (i + 1) // n) for i in range(n)]
         if spare is not None:
