@@ -55,6 +55,15 @@ _PRODUCTS = (P.mul_p, P.dot_general_p)
 #: first batch of unit vectors for the others (see `_Known`).
 KNOWN_BYTES = 64 * 2**20
 
+#: A build is shared with the worker thread (see :func:`jacobian`) when its
+#: tangents hold at least this many elements in all (unit vectors times the
+#: elements of the region's values). Each pass over the region costs tens
+#: of microseconds per equation in Python, and two threads on memory-bound
+#: NumPy loops gain little: TFC's PDE at 8^3 points (10^8 elements) took
+#: 0.10-0.15 s in one pass and 0.25 s shared, at 11^3 points (1.1 x 10^9)
+#: 0.61-0.69 s and 0.68-0.86 s, at 15^3 points (4.5 x 10^9) 3.6 s and 2.9 to 3.2 s.
+SHARED_ELEMENTS = 2 * 10**9
+
 
 class _Unsupported(Exception):
     """The region holds something no rule here covers."""
@@ -471,16 +480,17 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     finite = _FINITE.set({id(_host.root(c)): None for c in consts if isinstance(c, np.ndarray)})
     handed: dict[int, Any] = {}
     try:
-        # one unit vector first, keeping the values at zero; then the worker
-        # thread, where a second core runs it, takes half of the batches
-        # (NumPy's loops release the GIL), and the folding thread the others:
-        # two at a time, each of half the size
-        offsets, first = chunk(0, 1)
-        spare = _offload.spare()
-        size = max(1, batch // 2) if spare else batch
-        n = -(-(total - 1) // size)
+        # shared with the worker thread where a second core runs it (NumPy's
+        # loops release the GIL): one unit vector first, keeping the values
+        # at zero, then half of the batches each, two at a time, of half the size
+        elements = total * sum(math.prod(v.aval.shape) for e in sub.eqns for v in e.outvars)
+        spare = _offload.spare() if elements >= SHARED_ELEMENTS else None
+        head = 1 if spare else min(batch, total)
+        offsets, first = chunk(0, head)
+        rest = total - head
+        n = -(-rest // (max(1, batch // 2) if spare else batch))
         n += n % 2 if spare else 0
-        bounds = [(1 + (total - 1) * i // n, 1 + (total - 1) * (i + 1) // n) for i in range(n)]
+        bounds = [(head + rest * i // n, head + rest * (i + 1) // n) for i in range(n)]
         if spare is not None:
             handed = {lo: spare.submit(contextvars.copy_context().run, chunk, lo, hi, False) for lo, hi in bounds[1::2]}
         mine = {lo: chunk(lo, hi)[1] for lo, hi in bounds if lo not in handed}
