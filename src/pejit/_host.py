@@ -208,7 +208,7 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
                                   and np.dtype(preferred_element_type) != lhs.dtype):
         return None
     for zero, other in ((lhs, rhs), (rhs, lhs)):
-        if only_zeros(zero, other.size) and np.isfinite(other).all():
+        if only_zeros(zero, other.size) and all_finite(other):
             free = [[x.shape[d] for d in range(x.ndim) if d not in c and d not in b]
                     for x, c, b in ((lhs, lc, lb), (rhs, rc, rb))]
             return np.broadcast_to(np.zeros((), lhs.dtype), [lhs.shape[d] for d in lb] + free[0] + free[1])
@@ -219,10 +219,11 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
     return None if out is None else out.reshape(left.shape[:-1] + right.shape[1:])
 
 
-def finite(x: Any) -> bool:
-    """Whether ``x`` holds only finite values, in one read: a sum is finite
-    only if its terms are (one that overflows says no: a caller then does the work)."""
-    return bool(np.isfinite(_distinct(np.asarray(x)).sum()))
+def all_finite(x: Any) -> bool:
+    """Whether ``x`` holds only finite values: one read where its sum is
+    finite (then so is every term), each element tested only where it is not."""
+    x = _distinct(np.asarray(x))
+    return bool(np.isfinite(x.sum()) or np.isfinite(x).all())
 
 
 def only_zeros(x: np.ndarray, budget: int) -> bool:
@@ -252,7 +253,7 @@ def times_identity(a: np.ndarray, b: np.ndarray,
     """
     for unit, other, right, known in ((b, a, True, finite[0]), (a, b, False, finite[1])):
         lo = _identity_rows(unit.T if right else unit)
-        if lo is not None and (np.isfinite(other).all() if known is None else known):
+        if lo is not None and (all_finite(other) if known is None else known):
             k = unit.shape[1] if right else unit.shape[0]
             part = other[:, lo:lo + k] if right else other[lo:lo + k]
             if _uniform(other):

@@ -108,7 +108,7 @@ def _with_zeros(ufunc, args) -> np.ndarray:
     zero = [isinstance(a, np.ndarray) and _host.only_zeros(a, small) for a in args]
     if any(zero) and ufunc in (np.add, np.subtract, np.multiply):
         if ufunc is np.multiply:
-            if all(z or _host.finite(a) for a, z in zip(args, zero)):
+            if all(z or _host.all_finite(a) for a, z in zip(args, zero)):
                 return _zeros(shape, np.result_type(*args))
         else:
             rest = [(i, a) for i, (a, z) in enumerate(zip(args, zero)) if not z]
@@ -282,7 +282,7 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
     right = np.transpose(rhs, rb + rc + rf).reshape(math.prod(batch), contracted, math.prod(free_r))
     out = None
     shape = (*batch, *free_l, *free_r)
-    if any(_host.only_zeros(x, math.prod(shape) // 8) for x in (lhs, rhs)) and _host.finite(lhs) and _host.finite(rhs):
+    if any(_host.only_zeros(x, math.prod(shape) // 8) for x in (lhs, rhs)) and all(map(_host.all_finite, (lhs, rhs))):
         out = _zeros(shape, np.result_type(lhs, rhs))  # as in _with_zeros
     elif len(left) == 1:  # perhaps a seed of unit vectors
         finite = (None if bl else _finite_constant(lhs), None if br else _finite_constant(rhs))
