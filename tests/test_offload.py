@@ -132,3 +132,57 @@ def test_a_batch_takes_back_the_trace_s_unstarted_kernels_to_hand_them_out_in_it
         busy.set()
     for r, c in zip(recipes, (A, B)):
         np.testing.assert_array_equal(kernels.take(r, [c]), jax.jit(jnp.exp)(c))
+
+
+def _call_eqn(fun, *args):
+    """The one call equation of ``fun`` under ``jax.jit``: what a recipe of a ``jnp`` function binds."""
+    (eqn,) = jax.make_jaxpr(lambda *a: jax.jit(fun)(*a))(*args).eqns
+    return eqn
+
+
+def test_only_what_a_batch_would_compile_alone_is_compiled_ahead():
+    a = np.ones((3, 5), np.float32)
+    sin, mul = _call_eqn(jnp.sin, a), _call_eqn(lambda a: a * 2, a)
+    assert _offload._compiled_alone(sin.primitive, sin.params)  # no host rule gives XLA's bits
+    assert not _offload._compiled_alone(mul.primitive, mul.params)  # NumPy computes it
+    assert _offload._specs([a]) == (jax.ShapeDtypeStruct(a.shape, a.dtype),)
+    weak = jnp.asarray(1.0) * np.ones(3, np.float32)
+    assert _offload._specs([jnp.asarray(2.0)]) is None  # weakly typed: the kernel's result would not be
+    assert _offload._specs([weak.astype(jnp.bfloat16)]) is None  # a dtype the host does not know
+    assert _offload._specs([_compat.new_var(jax.core.ShapedArray((2,), np.float32))]) is None
+    assert _offload._specs([_compat.new_var(jax.core.ShapedArray((2,), np.float32))], abstract=True) is not None
+
+
+@two_cores
+@pytest.mark.parametrize("form", ["pejit", "pe"])
+def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form):
+    from pejit import _abstract
+
+    compiled_on, evaluated = [], []
+    compile_, evaluate = jax.stages.Lowered.compile, _abstract.evaluate
+
+    def compile_watched(self, *args, **kwargs):
+        if "sine" in self.as_text():  # sin, cos
+            compiled_on.append(threading.current_thread().name)
+        return compile_(self, *args, **kwargs)
+
+    def evaluate_watched(prim, args, params):
+        evaluated.append(str(params.get("jaxpr", prim.name)))  # a call: its body
+        return evaluate(prim, args, params)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
+    monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
+    _offload.clear_programs()
+
+    def f(A, x):
+        for _ in range(3):
+            A = jnp.cos(jnp.sin(A) * 1.5 + 0.5)
+        return A + x
+
+    A = np.random.default_rng(0).standard_normal((17, 23)).astype(np.float32)
+    x = np.float32(1.0)
+    out = pejit(f, constant_argnums=0)(A, x) if form == "pejit" else pe(A, x, constant_arg_nums=[0])(f)(x)
+    np.testing.assert_array_equal(out, f(jnp.asarray(A), x))  # JAX's eager values, bit for bit
+    # sin and cos, each compiled once: the first (at least) while the trace went on
+    assert len(compiled_on) == 2 and compiled_on[0].startswith("pejit-kernels")
+    assert not [e for e in evaluated if "sin" in e or "cos" in e]  # not compiled again by JAX's eager dispatch

@@ -79,7 +79,7 @@ class Folder:
     stores_unfused: bool = True
 
     def __init__(self, options: FoldOptions = FoldOptions(), progress: _progress.Progress | None = None,
-                 early_kernels: bool = True):
+                 early_kernels: bool = True, warm: bool = True):
         self.options = options
         self.progress = progress or _progress.Progress("fold", False)
         self.stats = FoldStats()
@@ -101,10 +101,11 @@ class Folder:
         # (see pejit._offload), where eager batches take them
         self._kernels = _offload.Kernels()
         self._early = early_kernels and options.backend in ("auto", "eager")
+        self._warm = warm and options.backend in ("auto", "eager")
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
-        child = Folder(self.options, self.progress, early_kernels=False)  # its batches may not run
+        child = Folder(self.options, self.progress, early_kernels=False, warm=False)  # its batches may not run
         child.stats = self.stats
         return child
 
@@ -364,6 +365,8 @@ class Folder:
             self._recipes.update((v, recipe) for v in outvars if v is not None)
             if self._early and not lazy:
                 self._kernels.early(recipe)
+            elif self._warm and not lazy:
+                self._kernels.warm(recipe)
         if key is not None:
             self._folds[key] = (outs, tuple(args))  # the inputs, kept alive: their ids are in the key
         return outs

@@ -21,6 +21,14 @@ worker runs the primitive's own lowering (what ``jax.jit`` of it runs, and
 what JAX's eager dispatch compiles for JAX's own primitives), so the values
 are the eager ones. Programs are lowered on the folding thread, under its
 configuration (``jax.enable_x64`` is per thread).
+
+Smaller kernels, and those whose inputs the trace does not know yet, are
+computed by their batch, but their programs need not wait for it:
+:meth:`Kernels.warm` has the worker compile each as the trace records it,
+which JAX's eager dispatch would do at the batch, 30-40 ms per primitive
+and input type. A chain of 1000 ``sin``/``*``/``+``/``cos`` on a constant
+256x256 matrix spent 80 ms of its 0.4 s fold compiling ``sin`` and ``cos``
+after a 0.13 s trace; the worker now compiles them during it.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import jax
 import numpy as np
 
 from . import _compat, _host
-from ._primitives import CALLS, CUSTOM_CALLS, fusible, params_key
+from ._primitives import CALLS, CUSTOM_CALLS, called_jaxpr, fusible, params_key
 
 #: Bytes of results handed out and not yet read by the batch: how far the
 #: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
@@ -83,16 +91,32 @@ class Kernels:
 
     def early(self, recipe) -> None:
         """Hand ``recipe`` out as the trace records it, if it is a kernel on
-        concrete inputs (not values of other recipes, not abstract)."""
+        concrete inputs (not values of other recipes, not abstract); else
+        start compiling what its batch would compile for it (see :meth:`warm`)."""
         if self.kernel(recipe) and not any(isinstance(a, (_compat.Var, _compat.Tracer)) for a in recipe.args):
             self.hand(recipe, recipe.args, early=True)
+        else:
+            self.warm(recipe)
+
+    def warm(self, recipe) -> None:
+        """Compile ``recipe``'s program on the worker now, if its batch would
+        compile it on its own: JAX compiles each primitive (each ``jnp.sin``)
+        for each input type the first time it runs, 30-40 ms apiece on a CPU,
+        and the trace, which records ``recipe`` long before its batch runs,
+        is pure Python that the compiler (which releases the GIL) need not
+        wait for. The batch then runs that program (see :meth:`take`)."""
+        if self.enabled and _compiled_alone(recipe.prim, recipe.params):
+            kernel = _lowered(recipe.prim, recipe.params, _specs(recipe.args, abstract=True))
+            if kernel is not None:
+                _ahead.add(recipe.prim)
+                kernel.compile_ahead()
 
     def hand(self, recipe, args: Sequence[Any], early: bool = False) -> bool:
         """Hand ``recipe`` out on these inputs; False while too many results wait."""
         waiting = self._waiting[early]
         if waiting and waiting + recipe.out_bytes() > AHEAD_BYTES:
             return False
-        kernel = _lowered(recipe.prim, recipe.params, args)
+        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
         if kernel is not None:
             args = [_host.to_jax(a) for a in args]
             self._handed[recipe] = _Handed(_pool().submit(kernel, args), kernel, args, early)
@@ -125,13 +149,18 @@ class Kernels:
         A kernel the worker has not started is computed here, and so is one
         not handed out while the worker is busy, compiled too: JAX's eager
         ``impl`` may hold the GIL (TFC's ``H`` does) and stall the worker.
+        One never handed out runs here by the program :meth:`warm` compiled
+        for it, if any.
         """
         handed = self._handed.pop(recipe, None)
         try:
             if handed is None:
                 busy = self._handed and self.kernel(recipe)
-                kernel = _lowered(recipe.prim, recipe.params, args) if busy else None
-                return None if kernel is None else kernel([_host.to_jax(a) for a in args])
+                if busy:
+                    kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+                    return None if kernel is None else kernel([_host.to_jax(a) for a in args])
+                kernel = _warmed(recipe, args) if self.enabled else None
+                return None if kernel is None else kernel(args)
             self._waiting[handed.early] -= recipe.out_bytes()
             if handed.future.cancel():
                 return handed.kernel(handed.args)
@@ -207,11 +236,20 @@ class _Kernel:
         self._lowered = lowered
         self._compiled = None
         self._lock = threading.Lock()
+        self.ahead = False  # compiled, or being compiled, on the worker
 
-    def __call__(self, args: Sequence[Any]) -> Any:
+    def compile_ahead(self) -> None:
+        if not self.ahead:
+            self.ahead = True
+            _pool().submit(self._compile)
+
+    def _compile(self) -> None:
         with self._lock:
             if self._compiled is None:
                 self._compiled = self._lowered.compile()
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        self._compile()
         return self._compiled(*args)
 
 
@@ -219,36 +257,82 @@ class _Kernel:
 #: is left to the batch.
 _kernels: dict[Any, _Kernel | None] = {}
 _MAX_KERNELS = 256
+#: Primitives some kernel of which :meth:`Kernels.warm` compiled.
+_ahead: set[Any] = set()
+#: The calls a user's program binds (not pejit's own, which no batch compiles alone).
+_USER_CALLS = frozenset(["jit", "pjit", "closed_call"])
 
 
 def clear_programs() -> None:
     """Forget the lowered and compiled kernels (``pejit._batch.clear_programs`` calls this)."""
     _kernels.clear()
+    _ahead.clear()
 
 
-def _lowered(prim, params: dict, args: Sequence[Any]) -> _Kernel | None:
-    """``prim`` lowered for these inputs (cached), or None where it is left to the batch."""
-    if not all(isinstance(a, (np.ndarray, jax.Array)) and not isinstance(a, _compat.Tracer)
-               and a.dtype in _host.DTYPES for a in args):
-        return None  # Python scalars (weak types), keys, abstract constants
+def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
+    """The input types of a kernel on ``args``, or None where it is left to the
+    batch: Python scalars and weak types (the kernel's result would not be
+    weak), keys. With ``abstract``, a recipe's variables and abstract
+    constants count, by their types."""
+    specs = []
+    for a in args:
+        if abstract and isinstance(a, (_compat.Var, _compat.Tracer)):
+            a = a.aval
+        elif not isinstance(a, (np.ndarray, jax.Array)) or isinstance(a, _compat.Tracer):
+            return None
+        if a.dtype not in _host.DTYPES or getattr(a, "weak_type", False):
+            return None
+        specs.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+    return tuple(specs)
+
+
+def _compiled_alone(prim, params: dict) -> bool:
+    """Whether a batch would have JAX compile ``prim`` for itself: no host
+    rule covers it, and no compiled segment would fuse it (see
+    ``pejit._batch.plan_batch``)."""
+    if prim.name in CALLS:
+        body = called_jaxpr(prim, params)
+        return prim.name in _USER_CALLS and not fusible(prim, params) and not _host.covers(body)
+    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS and not fusible(prim, params)
+            and _compat.has_lowering(prim, "cpu"))
+
+
+def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
+    """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs, if any."""
+    if recipe.prim not in _ahead or not _compiled_alone(recipe.prim, recipe.params):
+        return None
+    kernel = _kernels.get(_key(recipe.prim, recipe.params, _specs(args)))
+    return kernel if kernel is not None and kernel.ahead else None
+
+
+def _key(prim, params: dict, specs: tuple | None) -> tuple | None:
+    if specs is None:
+        return None
     try:
-        key = (prim, params_key(params), tuple((a.shape, a.dtype) for a in args))
+        key = (prim, params_key(params), tuple((a.shape, a.dtype) for a in specs))
         hash(key)
     except TypeError:
+        return None
+    return key
+
+
+def _lowered(prim, params: dict, specs: tuple | None) -> _Kernel | None:
+    """``prim`` lowered for inputs of these types (cached), or None where it is left to the batch."""
+    key = _key(prim, params, specs)
+    if key is None:
         return None
     if key not in _kernels:
         if len(_kernels) >= _MAX_KERNELS:
             _kernels.pop(next(iter(_kernels)))
-        _kernels[key] = _lower(prim, params, args)
+        _kernels[key] = _lower(prim, params, specs)
     return _kernels[key]
 
 
-def _lower(prim, params, args) -> _Kernel | None:
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+def _lower(prim, params, specs) -> _Kernel | None:
     try:
-        if _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params):
+        if _compat.primitive_effects(prim, [_compat.typeof(a) for a in specs], params):
             return None  # effects keep their order: not moved to another thread
-        return _Kernel(jax.jit(functools.partial(_bind, prim, params)).lower(*avals))
+        return _Kernel(jax.jit(functools.partial(_bind, prim, params)).lower(*specs))
     except Exception:  # noqa: BLE001 - no lowering for these inputs: left to the batch
         return None
 
