@@ -333,8 +333,9 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
 def covers(jaxpr) -> bool:
     """Whether rules cover every equation of ``jaxpr``, calls' bodies too
     (a rule may still decline some inputs: a dtype it does not know)."""
-    return all(covers(call_body(e.params)[0]) if e.primitive.name in CALLS else e.primitive in HOST_RULES
-               for e in jaxpr.eqns)
+    return jaxpr is not None and all(
+        covers(call_body(e.params)[0]) if e.primitive.name in CALLS else e.primitive in HOST_RULES
+        for e in jaxpr.eqns)
 
 
 def _call(jaxpr, consts, args) -> list[Any] | None:

@@ -292,9 +292,16 @@ def _compiled_alone(prim, params: dict) -> bool:
     ``pejit._batch.plan_batch``)."""
     if prim.name in CALLS:
         body = called_jaxpr(prim, params)
-        return prim.name in _USER_CALLS and not fusible(prim, params) and not _host.covers(body)
+        return prim.name in _USER_CALLS and body is not None and _body_alone(body)
     return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS and not fusible(prim, params)
             and _compat.has_lowering(prim, "cpu"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _body_alone(body) -> bool:
+    """:func:`_compiled_alone` for a call of ``body`` (each ``jnp`` function
+    called on the same types binds the same body: asked once per recipe)."""
+    return not all(fusible(e.primitive, e.params) for e in body.eqns) and not _host.covers(body)
 
 
 def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
