@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.experimental  # enable_x64 before JAX 0.8
 import pytest
@@ -54,12 +56,14 @@ class Compiles:
 
     def __enter__(self):
         self.count, self.active = 0, True
+        self.where: list[tuple[str | None, str]] = []  # (HLO module, where JAX names it; thread)
         jax.monitoring.register_event_duration_secs_listener(self._listen)
         return self
 
     def _listen(self, event, duration, **kwargs):
         if self.active and event == self.EVENT:
             self.count += 1
+            self.where.append((kwargs.get("fun_name"), threading.current_thread().name))
 
     def __exit__(self, *exc):
         self.active = False

@@ -12,8 +12,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from pejit import pe, pejit
-from pejit import _compat, _offload
+from pejit import _abstract, _batch, _compat, _offload
 from pejit._batch import Recipe
+from pejit._program import FoldingProgram
+
+from ._util import Compiles
 
 # A kernel as TFC's basis is one: a Python ``impl`` (which counts its calls)
 # and a lowering of its own, here to XLA's ``exp``: the worker runs the
@@ -146,18 +149,27 @@ def test_only_what_a_batch_would_compile_alone_is_compiled_ahead():
     assert _offload._compiled_alone(sin.primitive, sin.params)  # no host rule gives XLA's bits
     assert not _offload._compiled_alone(mul.primitive, mul.params)  # NumPy computes it
     assert _offload._specs([a]) == (jax.ShapeDtypeStruct(a.shape, a.dtype),)
-    weak = jnp.asarray(1.0) * np.ones(3, np.float32)
     assert _offload._specs([jnp.asarray(2.0)]) is None  # weakly typed: the kernel's result would not be
-    assert _offload._specs([weak.astype(jnp.bfloat16)]) is None  # a dtype the host does not know
+    assert _offload._specs([jnp.ones(3, jnp.bfloat16)]) is None  # a dtype the host does not know
     assert _offload._specs([_compat.new_var(jax.core.ShapedArray((2,), np.float32))]) is None
     assert _offload._specs([_compat.new_var(jax.core.ShapedArray((2,), np.float32))], abstract=True) is not None
+
+
+def _drain_before(monkeypatch, module, name):
+    """Have ``module.name`` wait until the worker has done what was handed to it:
+    whether the worker or the folding thread gets to a program first is a race."""
+    function = getattr(module, name)
+
+    def drained(*args, **kwargs):
+        _offload._pool().submit(lambda: None).result()
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, drained)
 
 
 @two_cores
 @pytest.mark.parametrize("form", ["pejit", "pe"])
 def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form):
-    from pejit import _abstract
-
     compiled_on, evaluated = [], []
     compile_, evaluate = jax.stages.Lowered.compile, _abstract.evaluate
 
@@ -172,6 +184,7 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
     monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
+    _drain_before(monkeypatch, _batch, "run_batch")
     _offload.clear_programs()
 
     def f(A, x):
@@ -183,6 +196,35 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
     x = np.float32(1.0)
     out = pejit(f, constant_argnums=0)(A, x) if form == "pejit" else pe(A, x, constant_arg_nums=[0])(f)(x)
     np.testing.assert_array_equal(out, f(jnp.asarray(A), x))  # JAX's eager values, bit for bit
-    # sin and cos, each compiled once: the first (at least) while the trace went on
-    assert len(compiled_on) == 2 and compiled_on[0].startswith("pejit-kernels")
+    assert compiled_on == ["pejit-kernels_0"] * 2  # sin and cos, each once, on the worker
     assert not [e for e in evaluated if "sin" in e or "cos" in e]  # not compiled again by JAX's eager dispatch
+
+
+@two_cores
+def test_the_residual_compiles_beside_the_first_value_and_serves_its_call(monkeypatch):
+    _drain_before(monkeypatch, FoldingProgram, "first_value")
+
+    def spread(A, x):  # the residual's HLO module is named after it
+        return jnp.sin(A) @ x
+
+    A = np.random.default_rng(1).standard_normal((48, 40)).astype(np.float32)
+    x = np.ones(40, np.float32)
+    g = pejit(spread, constant_argnums=0)
+    with Compiles() as compiles:
+        out = g(A, x)
+        g(A, x)
+    np.testing.assert_allclose(out, spread(A, x), rtol=1e-6)
+    if not any(name for name, _ in compiles.where):
+        pytest.skip("this JAX does not name the programs it compiles")
+    residual = [thread for name, thread in compiles.where if "spread" in name]
+    assert residual == ["pejit-kernels_0"]  # once, while the first value was folded
+
+
+def test_a_first_value_with_equal_constants_gets_a_residual_of_its_own():
+    f = lambda A, B, x: jnp.sin(A) @ x + jnp.sin(B) @ x  # noqa: E731
+    A = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
+    g = pejit(f, constant_argnums=(0, 1))
+    x = np.ones(8, np.float32)
+    np.testing.assert_allclose(g(A, A.copy(), x), f(A, A, x), rtol=1e-6)  # the folded sines are one constant
+    assert len(g.specialize(A, A.copy(), x).consts) == 1
+    np.testing.assert_allclose(g(A, -A, x), f(A, -A, x), rtol=1e-6)

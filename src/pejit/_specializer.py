@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _argnums, _compat, _errors, _persist, _progress
+from . import _argnums, _compat, _errors, _offload, _persist, _progress
 from ._gc import pausing
 from ._argnums import interleave
 from ._cache import SpecializationCache
@@ -185,6 +185,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
     # Uniform and equal constants are kept small as they are produced (see
     # pejit._values), unless they must keep the placement asked for.
     keep = Compactor() if info.constant_shardings is None else None
+    run = runner_ahead(info, layout, traced["jaxpr"], traced["nconsts"], out_trees[-1], in_tree, avals)
     try:
         progress.expect(len(program.traced.jaxpr.eqns))
         with progress.stage("fold"):
@@ -193,15 +194,42 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         progress.close()
     program.residual = traced["jaxpr"]
     unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
-    return shared_program(info, layout, unshared, consts)
+    return shared_program(info, layout, unshared, consts, run)
 
 
-def shared_program(info: PejitInfo, layout: Layout, program: Program, consts: list) -> tuple[Program, list]:
+def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree, in_tree, avals) -> Callable | None:
+    """The runner of the residual as traced, its compile started on the worker.
+
+    The residual is known once the folding program is traced, and its
+    compile (30 ms for a single ``add``) need not wait for the first value,
+    whose evaluation leaves the second core idle. The runner serves if the
+    first value's constants are passed as they are (no equal or uniform
+    ones, see :func:`shared_program`); else it was a compile on the spare core.
+    """
+    spare = _offload.spare()
+    if spare is None or not info.jit or info.jit_kwargs or info.constant_shardings is not None:
+        return None
+    run = make_runner(info, layout, jaxpr, nconsts, out_tree)
+    try:
+        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars[:nconsts]]
+        dyn_args, dyn_kwargs = _tree_unflatten(
+            in_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals])
+        spare.submit(run.lower(*specs, *dyn_args, **dyn_kwargs).compile)
+    except Exception:  # noqa: BLE001 - a constant JAX cannot describe so (a token): compiled when called
+        pass
+    return run
+
+
+def shared_program(
+    info: PejitInfo, layout: Layout, program: Program, consts: list, run: Callable | None = None,
+) -> tuple[Program, list]:
     """The program for folded ``consts``, equal and uniform ones not passed.
 
     Which constants are equal or uniform depends on their values; the plan
     made for the first value is kept, and a value it does not hold for gets
     a residual program of its own (see :class:`~pejit._residual.SharePlan`).
+    ``run``, a runner of the residual taking every constant (see
+    :func:`runner_ahead`), serves if none is equal or uniform.
     """
     folding = program.folding_program
     jaxpr = folding.residual
@@ -211,7 +239,8 @@ def shared_program(info: PejitInfo, layout: Layout, program: Program, consts: li
     consts = [to_device(c) for c in consts]  # a uniform one may be a NumPy broadcast
     if folding.share is None:
         folding.share = plan
-    run = make_runner(info, layout, jaxpr, len(consts), program.out_tree)
+    if run is None or plan is not None:
+        run = make_runner(info, layout, jaxpr, len(consts), program.out_tree)
     return Program(jaxpr, len(consts), program.out_tree, program.stats, program.fallbacks, run, folding), consts
 
 
