@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
+import sys
+import textwrap
 import threading
 
 import jax
@@ -425,3 +428,27 @@ def test_a_short_affine_region_is_collapsed_without_a_compile_per_primitive():
         z = np.linalg.solve(L, oracle.T @ (oracle @ np.asarray(v, np.float64) - np.asarray(y, np.float64)))
         np.testing.assert_allclose(f(v, X, y), np.sum(z**2), rtol=1e-4)
     np.testing.assert_allclose(got, jax.jit(ridge)(w[1], X, y), rtol=1e-4)
+
+
+def test_a_process_that_ends_while_auto_watches_its_arguments_says_nothing():
+    # the watched arguments die as the interpreter clears the modules; the
+    # callback that would watch again then finds them cleared
+    code = """
+        import jax.numpy as jnp, numpy as np
+        from pejit import pejit
+
+        def loss(params, X, y):
+            L = jnp.linalg.cholesky(X.T @ X + 0.1 * jnp.eye(X.shape[1]))
+            return jnp.sum(jnp.linalg.solve(L, X.T @ (X @ params - y)) ** 2)
+
+        rng = np.random.default_rng(0)
+        X, y = jnp.asarray(rng.standard_normal((400, 150))), jnp.asarray(rng.standard_normal(400))
+        f = pejit(loss, constant_argnums="auto")
+        for i in range(4):
+            f(jnp.ones(150) * i, X, y)
+        print(f.decisions())
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "promoted" in proc.stdout  # auto folds X and y
+    assert "Exception ignored" not in proc.stderr, proc.stderr

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import math
 import operator
+import sys
 import threading
 import types
 import weakref
@@ -495,10 +496,11 @@ def _call_watching(auto_ref: weakref.ref, *args, **kwargs):
     return auto_ref()._watching(*args, **kwargs)
 
 
-def _forget(auto_ref: weakref.ref, _ref: weakref.ref) -> None:
-    """A watched argument died (see ``AutoPejitted._forget``)."""
+def _forget(auto_ref: weakref.ref, _ref: weakref.ref, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+    """A watched argument died (see ``AutoPejitted._forget``). Not while the
+    interpreter shuts down, which clears the modules ``_watch`` needs."""
     auto = auto_ref()
-    if auto is not None:
+    if auto is not None and not _finalizing():
         auto._watch()
 
 
