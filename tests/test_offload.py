@@ -228,3 +228,18 @@ def test_a_first_value_with_equal_constants_gets_a_residual_of_its_own():
     np.testing.assert_allclose(g(A, A.copy(), x), f(A, A, x), rtol=1e-6)  # the folded sines are one constant
     assert len(g.specialize(A, A.copy(), x).consts) == 1
     np.testing.assert_allclose(g(A, -A, x), f(A, -A, x), rtol=1e-6)
+
+
+@two_cores
+def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch):
+    a = np.ones((3, 7), np.float32)
+    sin = _call_eqn(jnp.sin, a)
+    var = _compat.new_var(jax.core.ShapedArray(a.shape, a.dtype))
+    recipe = Recipe(sin.primitive, (var,), sin.params, (_compat.new_var(jax.core.ShapedArray(a.shape, a.dtype)),))
+    _offload.clear_programs()
+    kernel = _offload._lowered(recipe.prim, recipe.params, _offload._specs([a]))
+    monkeypatch.setattr(kernel, "_lowered", None)  # compiling raises
+    kernel.ahead = True
+    _offload._ahead.add(recipe.prim)
+    assert _offload.Kernels().take(recipe, [a]) is None  # the batch evaluates it
+    assert _offload._warmed(recipe, [a]) is None  # and asks no more

@@ -246,7 +246,11 @@ class _Kernel:
     def _compile(self) -> None:
         with self._lock:
             if self._compiled is None:
-                self._compiled = self._lowered.compile()
+                try:
+                    self._compiled = self._lowered.compile()
+                except Exception:
+                    self.ahead = False  # not a program to take (see _warmed): JAX's eager dispatch, once
+                    raise
 
     def __call__(self, args: Sequence[Any]) -> Any:
         self._compile()
