@@ -243,3 +243,16 @@ def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch)
     _offload._ahead.add(recipe.prim)
     assert _offload.Kernels().take(recipe, [a]) is None  # the batch evaluates it
     assert _offload._warmed(recipe, [a]) is None  # and asks no more
+
+
+def test_the_answer_for_a_call_body_does_not_keep_it_alive():
+    import gc
+    import weakref
+
+    # a copy of the body, which JAX's own caches do not hold
+    body = _call_eqn(lambda a: jnp.sin(a) + 1.0, np.ones(5, np.float32)).params["jaxpr"].jaxpr.replace()
+    assert _offload._body_alone(body)  # sin: no host rule
+    dead = weakref.ref(body)
+    del body
+    gc.collect()
+    assert dead() is None

@@ -37,6 +37,7 @@ import concurrent.futures
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -263,6 +264,8 @@ _kernels: dict[Any, _Kernel | None] = {}
 _MAX_KERNELS = 256
 #: Primitives some kernel of which :meth:`Kernels.warm` compiled.
 _ahead: set[Any] = set()
+#: Call bodies, by identity: whether a batch compiles a call of them alone.
+_alone_bodies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: The calls a user's program binds (not pejit's own, which no batch compiles alone).
 _USER_CALLS = frozenset(["jit", "pjit", "closed_call"])
 
@@ -301,11 +304,15 @@ def _compiled_alone(prim, params: dict) -> bool:
             and _compat.has_lowering(prim, "cpu"))
 
 
-@functools.lru_cache(maxsize=1024)
 def _body_alone(body) -> bool:
-    """:func:`_compiled_alone` for a call of ``body`` (each ``jnp`` function
-    called on the same types binds the same body: asked once per recipe)."""
-    return not all(fusible(e.primitive, e.params) for e in body.eqns) and not _host.covers(body)
+    """:func:`_compiled_alone` for a call of ``body``, asked once per body
+    (each ``jnp`` function called on the same types binds the same one),
+    which the answer does not keep alive."""
+    alone = _alone_bodies.get(body)
+    if alone is None:
+        alone = _alone_bodies[body] = (not all(fusible(e.primitive, e.params) for e in body.eqns)
+                                       and not _host.covers(body))
+    return alone
 
 
 def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
