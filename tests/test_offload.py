@@ -240,7 +240,6 @@ def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch)
     kernel = _offload._lowered(recipe.prim, recipe.params, _offload._specs([a]))
     monkeypatch.setattr(kernel, "_lowered", None)  # compiling raises
     kernel.ahead = True
-    _offload._ahead.add(recipe.prim)
     assert _offload.Kernels().take(recipe, [a]) is None  # the batch evaluates it
     assert _offload._warmed(recipe, [a]) is None  # and asks no more
 

@@ -109,7 +109,6 @@ class Kernels:
         if self.enabled and _compiled_alone(recipe.prim, recipe.params):
             kernel = _lowered(recipe.prim, recipe.params, _specs(recipe.args, abstract=True))
             if kernel is not None:
-                _ahead.add(recipe.prim)
                 kernel.compile_ahead()
 
     def hand(self, recipe, args: Sequence[Any], early: bool = False) -> bool:
@@ -262,8 +261,6 @@ class _Kernel:
 #: is left to the batch.
 _kernels: dict[Any, _Kernel | None] = {}
 _MAX_KERNELS = 256
-#: Primitives some kernel of which :meth:`Kernels.warm` compiled.
-_ahead: set[Any] = set()
 #: Call bodies, by identity: whether a batch compiles a call of them alone.
 _alone_bodies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: The calls a user's program binds (not pejit's own, which no batch compiles alone).
@@ -273,7 +270,6 @@ _USER_CALLS = frozenset(["jit", "pjit", "closed_call"])
 def clear_programs() -> None:
     """Forget the lowered and compiled kernels (``pejit._batch.clear_programs`` calls this)."""
     _kernels.clear()
-    _ahead.clear()
 
 
 def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
@@ -317,7 +313,7 @@ def _body_alone(body) -> bool:
 
 def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
     """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs, if any."""
-    if recipe.prim not in _ahead or not _compiled_alone(recipe.prim, recipe.params):
+    if not _compiled_alone(recipe.prim, recipe.params):
         return None
     kernel = _kernels.get(_key(recipe.prim, recipe.params, _specs(args)))
     return kernel if kernel is not None and kernel.ahead else None
