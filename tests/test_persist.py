@@ -98,6 +98,52 @@ def test_each_part_of_the_key_misses(tmp_path, change):
     np.testing.assert_allclose(out, jax.jit(fun)(jnp.asarray(a), X), rtol=1e-5)
 
 
+def closing_over(c):
+    """A function whose constant hides in a called jaxpr: ``jax.jit`` keeps
+    the closed-over array as that jaxpr's constant, not the trace's."""
+    inner = jax.jit(lambda x: x * c)
+    return lambda A, x: inner(x) + A.sum(0)
+
+
+def test_constants_of_called_jaxprs_are_in_the_key(tmp_path):
+    for c in (np.full(4, 1.0, np.float32), np.full(4, 5.0, np.float32)):
+        fun = closing_over(c)
+        out, hit = call(fun, tmp_path)
+        assert not hit
+        np.testing.assert_allclose(out, jax.jit(fun)(A, X), rtol=1e-6)
+    assert len(entries(tmp_path)) == 2
+
+
+def many_parts(A, x):
+    """Calls, branches, loops, a differentiation rule and literals in one trace."""
+    y = jax.nn.relu(A) @ x
+    y = jax.lax.cond(x[0] > 0, lambda y: y * 2, lambda y: y - 1, y)
+    y = jax.lax.scan(lambda s, _: (s * 0.5 + jnp.arange(4.0), None), y, None, length=3)[0]
+    return jnp.sum(y, axis=0) + jax.jit(lambda q: q + np.arange(4.0, dtype=np.float32))(x)
+
+
+def test_the_key_is_the_same_in_every_process():
+    code = textwrap.dedent(f"""
+        import sys
+        import jax, numpy as np
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_persist import A, X, many_parts
+        from pejit import FoldOptions, _persist
+        print(_persist.key(FoldOptions(), (0,), jax.make_jaxpr(many_parts)(A, X), None, [A]))
+    """)
+    keys = set()
+    for seed in ("1", "2"):  # string hashes, hence set orders, differ
+        proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONHASHSEED=seed),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        keys.add(proc.stdout.split()[-1])
+    here = _persist.key(FoldOptions(), (0,), jax.make_jaxpr(many_parts)(A, X), None, [A])
+    assert keys == {here}
+    assert here == _persist.key(FoldOptions(), (0,), jax.make_jaxpr(many_parts)(A, 2 * X), None, [A])  # same types
+    assert here != _persist.key(FoldOptions(), (0,), jax.make_jaxpr(many_parts)(A, X), None, [2 * A])
+    assert here != _persist.key(FoldOptions(), (0,), jax.make_jaxpr(solve)(A, X), None, [A])
+
+
 def test_value_dependent_and_callback_functions_are_not_stored(tmp_path):
     def branchy(A, x):
         return x * 2 if A.sum() > 0 else x
