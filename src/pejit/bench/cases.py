@@ -47,6 +47,15 @@ class Context:
         """Rounds of the interleaved steady-state comparisons (short samples, many rounds)."""
         return 21 if self.quick else 61
 
+    @property
+    def paired_rounds(self) -> int:
+        """Rounds of a comparison that must decide a few microseconds in a call
+        of hundreds (case 8's auto against explicit): samples of about ten
+        calls, so that the machine's drift cancels within each pair, and
+        enough pairs that the median difference is known to about 2 us where
+        single pairs spread by +-30 us."""
+        return 601 if self.quick else 1001
+
     def tfc(self, module: str, spec: dict) -> dict | None:
         """Run a TFC measurement, or ``None`` without TFC (or when it fails)."""
         if self.tfc_python is None:
@@ -356,6 +365,8 @@ def case8(ctx: Context) -> dict:
     # variant runs after it).
     steady = {}
     plain_auto = pejit(programs.plain_loss, constant_argnums="auto")
+    sampling = {"promoted": (0.005, ctx.paired_rounds), "plain": (ctx.min_seconds, ctx.rounds),
+                "jax.jit": (ctx.min_seconds, ctx.repeat)}
     for name, pairs in (("promoted", {k: makers[k]() for k in ("auto", "explicit")}),
                         ("plain", {"auto": plain_auto,
                                    "jax.jit": jax.jit(programs.plain_loss)}),
@@ -365,7 +376,8 @@ def case8(ctx: Context) -> dict:
                 fn(p, X, y)
         cycle = {k: itertools.cycle(params[WARM_CALLS:]) for k in pairs}
         fns = {k: (lambda fn=fn, c=cycle[k]: fn(next(c), X, y)) for k, fn in pairs.items()}
-        steady[name] = rounds(fns, min_seconds=ctx.min_seconds, repeat=ctx.rounds if len(fns) > 1 else ctx.repeat)
+        min_seconds, repeat = sampling[name]
+        steady[name] = rounds(fns, min_seconds=min_seconds, repeat=repeat)
     steady["promoted"] |= steady.pop("jax.jit")
     med = {k: {v: statistics.median(r[key] for r in rs) for v, rs in first.items()}
            for k, key in (("total", "seconds"), ("first", "first_seconds"))}
