@@ -380,17 +380,19 @@ def _describe(jaxpr: Jaxpr, out: list[str], h) -> bool:
         params = []
         for k in sorted(e.params):
             v = e.params[k]
+            text = None
             for x in v if isinstance(v, (tuple, list)) else (v,):
                 if isinstance(x, (Jaxpr, ClosedJaxpr)):
                     consts = getattr(x, "consts", ())
                     if not (_describe(getattr(x, "jaxpr", x), out, h) and all(_hash_array(h, c) for c in consts)):
                         return False
+                    text = "jaxpr"  # described on the lines before
                 elif e.primitive.name in _RULES_ONLY and (callable(x) or hasattr(x, "call_wrapped")):
                     break  # a differentiation rule
                 elif callable(x) and not isinstance(x, _DATA):
                     return False
             else:
-                params.append(f"{k}={_param(v)}")
+                params.append(f"{k}={text or _param(v)}")
         out.append(f"{bind(e.outvars)} = {e.primitive.name}[{' '.join(params)}] {ins}")
     outs = use(jaxpr.outvars)
     out.append(f"}} {outs}")
@@ -403,9 +405,6 @@ def _type(aval) -> str:
 
 
 def _param(v: Any) -> str:
-    if isinstance(v, (Jaxpr, ClosedJaxpr)) or (
-            isinstance(v, (tuple, list)) and any(isinstance(x, (Jaxpr, ClosedJaxpr)) for x in v)):
-        return "jaxpr"  # described on the lines before
     if isinstance(v, frozenset):  # in hash order, which differs between processes
         return f"frozenset({sorted(map(repr, v))})"
     text = str(v)
