@@ -319,7 +319,7 @@ def solve(A, x):
 
 A2, X2 = 2 * jnp.eye(2), jnp.ones(2)
 _KEYWORDS = ("constant_argnums, constant_argnames, constant_arg_nums, fold_options, cache_size, "
-             "constant_shardings and the keywords of jax.jit")
+             "cache_bytes, constant_shardings and the keywords of jax.jit")
 
 # (id, thunk, exception type, the whole message)
 EXACT = [

@@ -9,11 +9,13 @@ from ._api import pejit as pejit
 from ._auto import AutoCacheInfo as AutoCacheInfo
 from ._auto import AutoPejitted as AutoPejitted
 from ._auto import AutoReport as AutoReport
+from ._cache import DEFAULT_CACHE_BYTES as DEFAULT_CACHE_BYTES
 from ._cache import DEFAULT_CACHE_SIZE as DEFAULT_CACHE_SIZE
 from ._cache import CacheInfo as CacheInfo
 from ._errors import FoldingSkippedWarning as FoldingSkippedWarning
 from ._errors import NothingFoldedWarning as NothingFoldedWarning
 from ._errors import PejitWarning as PejitWarning
+from ._errors import RespecializingWarning as RespecializingWarning
 from ._errors import WritableConstantWarning as WritableConstantWarning
 from ._explain import explain as explain
 from ._export import export_folded as export_folded
@@ -39,6 +41,7 @@ __all__ = [
     "BoundPejitted",
     "CacheInfo",
     "Compiled",
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_CACHE_SIZE",
     "FoldOptions",
     "FoldReport",
@@ -49,6 +52,7 @@ __all__ = [
     "Pejitted",
     "PersistentCacheWarning",
     "Residual",
+    "RespecializingWarning",
     "Specialization",
     "Traced",
     "WritableConstantWarning",

@@ -15,7 +15,7 @@ from typing import Any
 from . import _compat, _errors
 from ._auto import AutoPejitted
 from ._auto import options as auto_options
-from ._cache import DEFAULT_CACHE_SIZE
+from ._cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE
 from ._options import FoldOptions
 from ._jit import Pejitted
 from ._tfc import BoundPejitted
@@ -28,6 +28,7 @@ def pejit(
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
+    cache_bytes: int | None = DEFAULT_CACHE_BYTES,
     constant_shardings: Any = None,
     auto_after: int | None = None,
     auto_demote_after: int | None = None,
@@ -51,7 +52,8 @@ def pejit(
 
     Any keyword of ``jax.jit`` is accepted; argument numbers in it refer to
     the signature you call. ``cache_size`` bounds the specializations kept
-    (an LRU; ``None``: unbounded); ``constant_shardings`` places the folded
+    (an LRU; ``None``: unbounded), ``cache_bytes`` the bytes of their folded
+    constants ([`DEFAULT_CACHE_BYTES`][pejit.DEFAULT_CACHE_BYTES], 2 GiB, by default; ``None``: unbounded); ``constant_shardings`` places the folded
     constants: a ``jax.sharding.Sharding`` for all of them, or a callable
     from a folded constant's ``jax.ShapeDtypeStruct`` to a sharding (``None``
     keeps the placement folding gave it). See
@@ -73,7 +75,7 @@ def pejit(
       >>> g(jnp.ones(2))
       Array([0.5 , 0.25], dtype=float32)
     """
-    jit_kwargs = dict(jit_kwargs, cache_size=cache_size, constant_shardings=constant_shardings)
+    jit_kwargs = dict(jit_kwargs, cache_size=cache_size, cache_bytes=cache_bytes, constant_shardings=constant_shardings)
     auto = _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops)
     return _front(
         "pejit", True, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options, jit_kwargs, auto
@@ -87,6 +89,7 @@ def pe(
     constant_argnames: str | Sequence[str] | None = None,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
+    cache_bytes: int | None = DEFAULT_CACHE_BYTES,
     auto_after: int | None = None,
     auto_demote_after: int | None = None,
     auto_min_flops: float | None = None,
@@ -106,7 +109,7 @@ def pe(
     """
     return _front(
         "pe", False, args, constant_arg_nums, constant_argnums, constant_argnames, fold_options,
-        {"cache_size": cache_size, **kwargs}, _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops),
+        {"cache_size": cache_size, "cache_bytes": cache_bytes, **kwargs}, _auto_options(constant_argnums, auto_after, auto_demote_after, auto_min_flops),
     )
 
 

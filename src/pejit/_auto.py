@@ -86,13 +86,13 @@ class AutoCacheInfo(CacheInfo):
     generic_calls: int
 
     def __new__(cls, info: CacheInfo, promotions: int, demotions: int, generic_calls: int):
-        self = super().__new__(cls, *info)
+        self = super().__new__(cls, *info, info.maxbytes, info.currbytes)
         self.promotions, self.demotions, self.generic_calls = promotions, demotions, generic_calls
         return self
 
     def __repr__(self) -> str:
         return (f"AutoCacheInfo(hits={self.hits}, misses={self.misses}, maxsize={self.maxsize}, "
-                f"currsize={self.currsize}, promotions={self.promotions}, demotions={self.demotions}, "
+                f"currsize={self.currsize}, maxbytes={self.maxbytes}, currbytes={self.currbytes}, promotions={self.promotions}, demotions={self.demotions}, "
                 f"generic_calls={self.generic_calls})")
 
 
@@ -413,7 +413,7 @@ class AutoPejitted:
         """
         infos = [p.cache_info() for p in self._special.values()]
         total = CacheInfo(sum(i.hits for i in infos), sum(i.misses for i in infos), infos[0].maxsize,
-                          sum(i.currsize for i in infos))
+                          sum(i.currsize for i in infos), infos[0].maxbytes, sum(i.currbytes for i in infos))
         return AutoCacheInfo(total, self.promotions, self.demotions, self.generic_calls)
 
     def clear_cache(self) -> None:

@@ -43,18 +43,46 @@ from . import _batch
 #: what keeps memory in check when constants keep changing.
 DEFAULT_CACHE_SIZE = 128
 
+#: Bytes of folded constants a function keeps by default, whatever the
+#: number of entries: 128 folds of 100 MB would otherwise hold 12.8 GB.
+DEFAULT_CACHE_BYTES = 2 << 30
+
 
 #: The memo of an empty cache: a tuple no caller's memo check accepts.
 NO_MEMO = (None,)
 
+#: An index entry: several specializations share these constants (their
+#: dynamic arguments' types differ), so the full key decides.
+SEVERAL = "several"
 
-class CacheInfo(NamedTuple):
-    """Statistics of a specialization cache, as ``functools.lru_cache`` gives them."""
 
+class _Counts(NamedTuple):
     hits: int
     misses: int
     maxsize: int | None
     currsize: int
+
+
+class CacheInfo(_Counts):
+    """Statistics of a specialization cache, as ``functools.lru_cache`` gives them.
+
+    Unpacks (and compares) as those four fields; ``maxbytes`` and
+    ``currbytes``, the bytes of folded constants it may hold and holds, are
+    attributes.
+    """
+
+    maxbytes: int | None
+    currbytes: int
+
+    def __new__(cls, hits: int, misses: int, maxsize: int | None, currsize: int,
+                maxbytes: int | None = None, currbytes: int = 0):
+        self = super().__new__(cls, hits, misses, maxsize, currsize)
+        self.maxbytes, self.currbytes = maxbytes, currbytes
+        return self
+
+    def __repr__(self) -> str:
+        return (f"CacheInfo(hits={self.hits}, misses={self.misses}, maxsize={self.maxsize}, "
+                f"currsize={self.currsize}, maxbytes={self.maxbytes}, currbytes={self.currbytes})")
 
 
 class Counts:
@@ -70,15 +98,12 @@ class FastPath(NamedTuple):
     """What a generated dispatcher reads of a cache, to serve a hit in one frame.
 
     ``dead`` non-empty: ``purge()`` first. ``last[0]``: the memo of the most
-    recent hit (see the module docstring). ``get(key)``: the entry, or None,
-    without touching the LRU order; then ``touch(key, value, memo)`` does.
-    ``counts.hits``: bumped by the dispatcher on every hit.
+    recent hit (see the module docstring). ``counts.hits``: bumped by the
+    dispatcher on every hit.
     """
 
     dead: list
     purge: Callable[[], None]
-    get: Callable[[Any], Any]
-    touch: Callable[[Any, Any, tuple], None]
     last: list
     counts: Counts
 
@@ -87,17 +112,27 @@ class SpecializationCache:
     """An LRU mapping whose entries die with the objects they watch.
 
     ``get`` and ``touch`` are lock-free; ``put``, eviction and ``clear`` take the lock.
-    ``maxsize=None`` means unbounded. The hot path of ``Pejitted.__call__``
-    inlines ``get`` through :meth:`fast_path`.
+    ``maxsize=None`` means unbounded; so does ``maxbytes=None`` (the bytes of
+    an entry are what ``put`` is told; the newest entry stays, however large).
+
+    Keys of specializations are ``(constants, types)``: the index maps the
+    constants part to the key last used with it (or :data:`SEVERAL`), so
+    that a call which only recognizes its constants finds its entry, and
+    ``jax.jit``'s dispatch checks the rest.
     """
 
-    def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE):
-        if maxsize is not None and (isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0):
-            raise ValueError(f"cache_size must be a non-negative int or None, got {maxsize!r}")
+    def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE, maxbytes: int | None = None):
+        for name, value in (("cache_size", maxsize), ("cache_bytes", maxbytes)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
         self.maxsize = maxsize
+        self.maxbytes = maxbytes
         self.counts = Counts()
         self.entries: OrderedDict[Any, Any] = OrderedDict()
+        self.index: dict[Any, Any] = {}
         self._watchers: dict[Any, list[weakref.ref]] = {}
+        self._sizes: dict[Any, int] = {}
+        self.nbytes = 0
         self.dead: list[Any] = []
         # A one-element list, so that generated code can hold it and still
         # see updates; the element (a tuple) is replaced whole, never mutated.
@@ -115,6 +150,31 @@ class SpecializationCache:
         except KeyError:
             return None
 
+    def learn(self, key: Any) -> None:
+        """Index ``key``, ``(constants, types)``, as the one last used with its constants."""
+        if self.index.get(key[0]) is not SEVERAL:
+            self.index[key[0]] = key
+
+    def latest(self, constants: Any) -> tuple[Any, Any]:
+        """The key and entry last used with ``constants`` (now the most recent),
+        ``(SEVERAL, None)`` when several are, or ``(None, None)``."""
+        if self.dead:
+            self.purge()
+        key = self.index.get(constants)
+        if key is None or key is SEVERAL:
+            return key, None
+        value = self.entries.get(key)
+        if value is not None:
+            self.entries.move_to_end(key)
+            self.last[0] = NO_MEMO
+        return key, value
+
+    def several(self, constants: Any) -> None:
+        """Mark ``constants`` as selecting several entries: lookups need the full key."""
+        with self._lock:
+            if constants in self.index:
+                self.index[constants] = SEVERAL
+
     def touch(self, key: Any, value: Any, memo: tuple) -> None:
         """Make ``key`` (a hit on ``value``) the most recent entry, and ``memo`` its memo.
 
@@ -131,8 +191,11 @@ class SpecializationCache:
         if self.entries.get(key) is not value:
             self.last[0] = NO_MEMO
 
-    def put(self, key: Any, value: Any, watch: Iterable[Any] = ()) -> None:
-        """Store ``value``; drop it when any object in ``watch`` dies."""
+    def put(self, key: Any, value: Any, watch: Iterable[Any] = (), nbytes: int = 0, indexed: bool = False) -> None:
+        """Store ``value`` (``nbytes`` large); drop it when any object in ``watch`` dies.
+
+        ``indexed``: ``key`` is ``(constants, types)``, and the index learns it.
+        """
         if self.maxsize == 0:
             return
         dead = self.dead
@@ -142,12 +205,27 @@ class SpecializationCache:
 
         with self._lock:
             self.last[0] = NO_MEMO
+            if key in self.entries:
+                self._drop(key)
             self.entries[key] = value
-            self.entries.move_to_end(key)
             self._watchers[key] = [weakref.ref(obj, forget) for obj in watch]
-            while self.maxsize is not None and len(self.entries) > self.maxsize:
-                old, _ = self.entries.popitem(last=False)
-                self._watchers.pop(old, None)
+            self._sizes[key] = nbytes
+            self.nbytes += nbytes
+            if indexed:
+                self.index[key[0]] = SEVERAL if key[0] in self.index else key
+            while len(self.entries) > 1 and (
+                (self.maxsize is not None and len(self.entries) > self.maxsize)
+                or (self.maxbytes is not None and self.nbytes > self.maxbytes)
+            ):
+                self._drop(next(iter(self.entries)))
+
+    def _drop(self, key: Any) -> None:
+        """Remove ``key``'s entry and what refers to it (under the lock)."""
+        self.entries.pop(key, None)
+        self._watchers.pop(key, None)
+        self.nbytes -= self._sizes.pop(key, 0)
+        if isinstance(key, tuple) and key and self.index.get(key[0]) in (key, SEVERAL):
+            del self.index[key[0]]
 
     def purge(self) -> None:
         with self._lock:
@@ -158,21 +236,24 @@ class SpecializationCache:
                 # The key may have been re-used by a live entry since; only
                 # evict an entry one of whose watched objects is really gone.
                 if refs is not None and any(r() is None for r in refs):
-                    del self._watchers[key]
-                    self.entries.pop(key, None)
+                    self._drop(key)
 
     def clear(self) -> None:
         with self._lock:
             self.last[0] = NO_MEMO
             self.entries.clear()
+            self.index.clear()
             self._watchers.clear()
+            self._sizes.clear()
+            self.nbytes = 0
             self.dead.clear()
             self.counts = Counts()
 
     def info(self) -> CacheInfo:
         if self.dead:
             self.purge()
-        return CacheInfo(self.counts.hits, self.counts.misses, self.maxsize, len(self.entries))
+        return CacheInfo(self.counts.hits, self.counts.misses, self.maxsize, len(self.entries),
+                         self.maxbytes, self.nbytes)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -181,7 +262,7 @@ class SpecializationCache:
         return list(self.entries.values())
 
     def fast_path(self) -> FastPath:
-        return FastPath(self.dead, self.purge, self.entries.get, self.touch, self.last, self.counts)
+        return FastPath(self.dead, self.purge, self.last, self.counts)
 
 
 class Caches:
@@ -193,15 +274,15 @@ class Caches:
     most ``maxsize`` entries.
     """
 
-    def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE):
-        self.specializations = SpecializationCache(maxsize)
+    def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE, maxbytes: int | None = DEFAULT_CACHE_BYTES):
+        self.specializations = SpecializationCache(maxsize, maxbytes)
         self.programs = SpecializationCache(maxsize)
         # One trace and one fold per key, however many threads ask.
         self.lock = threading.RLock()
 
-    def specialization(self, key: Any, build: Callable[..., tuple[Any, Iterable[Any]]], *args: Any) -> Any:
-        """The specialization for ``key``; on a miss, ``build(*args)`` returns
-        it and the objects whose death drops it."""
+    def specialization(self, key: Any, build: Callable[..., tuple[Any, Iterable[Any], int]], *args: Any) -> Any:
+        """The specialization for ``key``, ``(constants, types)``; on a miss,
+        ``build(*args)`` returns it, the objects whose death drops it and its bytes."""
         cache = self.specializations
         value = cache.get(key)
         if value is None:
@@ -209,10 +290,11 @@ class Caches:
                 value = cache.get(key)
                 if value is None:
                     cache.counts.misses += 1
-                    value, watch = build(*args)
-                    cache.put(key, value, watch=watch)
+                    value, watch, nbytes = build(*args)
+                    cache.put(key, value, watch=watch, nbytes=nbytes, indexed=True)
                     return value
         cache.counts.hits += 1
+        cache.learn(key)
         return value
 
     def fast_path(self) -> FastPath:

@@ -1,11 +1,21 @@
 """The hot path of a call: one generated function per argument layout.
 
-A cached call has a budget of about 2 us over ``jax.jit``'s own dispatch
-(which already checks the dynamic arguments' types and calls the
-executable), so its Python is generated as straight-line code for each
-number of positional arguments, as ``dataclasses`` generates ``__init__``:
-no loops over positions, no method lookups. The source is built from
-integer positions only.
+A cached call has a budget of a few microseconds over ``jax.jit``'s own
+call, so pejit does not check what ``jax.jit`` checks anyway. The residual
+of a specialization is a ``jax.jit`` function of the dynamic arguments
+(:func:`pejit._program.runner`): its C++ dispatch flattens their pytrees
+and checks their types, shapes, weak types, shardings, keys and NumPy or
+Python scalars, and compiles again for a new one. All pejit adds is the
+constants' identity: the memo of the last call (its constants' ``id``, and
+a check of NumPy constants' contents) selects the residual, and the call's
+dynamic arguments, positional and keyword, go to it as they are. A
+residual traced again for types it was not folded for raises
+:class:`~pejit._program.OtherSignature`, and the call specializes anew.
+
+The dispatcher is generated as straight-line code for each number of
+positional arguments, as ``dataclasses`` generates ``__init__``: no loops
+over positions, no method lookups. The source is built from integer
+positions only.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import numpy as np
 from . import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
-from ._keys import unchanged
+from ._keys import OtherSignature, immutable, unchanged
 
 
 class Layout(NamedTuple):
@@ -36,88 +46,88 @@ class Layout(NamedTuple):
 
 _SOURCE = """
 def dispatch(*args, **kwargs):
-    if kwargs or len(args) != {n}:
+    if len(args) != {n}:
         return route(args, kwargs)
     if {unusual}:
         return uncached(args, kwargs)
     if dead:
         purge()
     memo = last[0]
-    try:
-        if memo[0] == {n} and {memo_check} and (memo[-2] is None or memo[-2]()):
-            counts.hits += 1
-            return memo[-1]({dynamic})
-        key = ({key})
-    except AttributeError:  # a dynamic argument that is not an array
-        return uncached(args, kwargs)
-    spec = get(key)
-    if spec is None:
-        return uncached(args, kwargs)
-    counts.hits += 1
-    touch(key, spec, ({n}, *key, None, spec.call))
-    return spec.call({dynamic})
+    if memo[0] == {n} and {memo_check} and (memo[-2] is None or memo[-2]()):
+        counts.hits += 1
+        try:
+            return memo[-1]({dynamic}**kwargs)
+        except OtherSignature:
+            counts.hits -= 1
+    return uncached(args, kwargs)
 """
 
 
-def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: FastPath,
-                route: Callable, uncached: Callable, disable_jit: Any = None) -> Callable:
+def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: FastPath, route: Callable,
+               uncached: Callable, disable_jit: Any = None, fixed_names: frozenset[str] = frozenset()) -> Callable:
     """The call with ``n`` positional arguments, through the ``cache`` view.
 
-    A cache hit is served in one straight-line frame: the residual is called
-    through a C-level ``functools.partial``, and a call with the same
-    constants as the last hit skips the dictionary too (``cache.last``).
-    Other numbers of arguments and keyword arguments go to ``route``,
-    misses (and constants that are not bare arrays) to ``uncached``; so do
-    all calls while ``disable_jit.value`` is true (``jax.disable_jit()``'s
-    state, for a compiled function) or named axes are in effect (``vmap``
-    with an axis name: the full key includes them).
+    A call whose constants are the memo's (see :func:`memo`) is served in one
+    straight-line frame: the residual is called through a C-level
+    ``functools.partial``, with the call's dynamic arguments, keywords
+    included. Other numbers of arguments go to ``route``; everything else
+    (another constant, a constant keyword among ``fixed_names``, dynamic
+    arguments of another type) to ``uncached``; so do all calls while
+    ``disable_jit.value`` is true (``jax.disable_jit()``'s state, for a
+    compiled function) or named axes are in effect (``vmap`` with an axis
+    name: the full key includes them).
 
-    The key is the one ``Pejitted._key`` computes when every constant is a
-    bare ``jax.Array`` and every dynamic argument an array: the identity of
-    each constant, then the aval of each dynamic argument (interned: the memo
-    compares them with ``is``). An int (an id) in a key only ever comes from
-    a live, watched ``jax.Array`` (dead ones are purged first), so no type
-    check is needed.
-
-    The memo is that key, a guard (or None) and the call. A memo with NumPy
-    constants (see :func:`numpy_memo`) holds them, so their identities stay
-    theirs, and its guard checks that their contents did not change.
+    An id in the memo only ever comes from a live constant: a ``jax.Array``
+    is watched (dead ones are purged first), anything else is held by the memo.
     """
-    parts = [f"id(args[{i}])" for i in const] + [f"args[{i}].aval" for i in dyn]
-    memo_check = " and ".join(
-        f"{part} {'==' if part.startswith('id') else 'is'} memo[{j + 1}]" for j, part in enumerate(parts)
-    )
+    memo_check = " and ".join(f"id(args[{i}]) == memo[{j + 1}]" for j, i in enumerate(const))
+    unusual = ["axes.value is not no_axes"]
+    if disable_jit is not None:
+        unusual.append("disable_jit.value")
+    if fixed_names:
+        unusual.append("(kwargs and not fixed_names.isdisjoint(kwargs))")
     source = _SOURCE.format(
-        n=n, key="".join(f"{part}, " for part in parts), memo_check=memo_check or "True",
-        dynamic=", ".join(f"args[{i}]" for i in dyn),
-        unusual="axes.value is not no_axes" + ("" if disable_jit is None else " or disable_jit.value"),
+        n=n, memo_check=memo_check or "True", dynamic="".join(f"args[{i}], " for i in dyn),
+        unusual=" or ".join(unusual),
     )
     namespace = cache._asdict() | {
-        "route": route, "uncached": uncached, "disable_jit": disable_jit,
-        "axes": _compat.AXIS_ENV, "no_axes": _compat.NO_AXES,
+        "route": route, "uncached": uncached, "disable_jit": disable_jit, "fixed_names": fixed_names,
+        "axes": _compat.AXIS_ENV, "no_axes": _compat.NO_AXES, "OtherSignature": OtherSignature,
     }
     exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]
 
 
-def numpy_memo(layout: Layout, args: tuple, key: tuple, call: Callable) -> tuple | None:
-    """The memo of a call whose constants include NumPy arrays, or None.
+#: Constants a memo may hold and recognize by identity: immutable values
+#: (with NumPy arrays, whose contents the memo's guard checks).
+_HELD = (int, float, complex, bool, str, bytes, type(None), np.generic)
 
-    Their key is their content (``_keys.constant_key``), which the generated
-    hot path cannot compute; its memo can still recognize the same arrays by
-    identity, with :func:`~pejit._keys.unchanged` as its guard: the TFC form
+
+def memo(layout: Layout, args: tuple, call: Callable) -> tuple | None:
+    """The memo of a call whose constants its dispatcher can recognize, or None.
+
+    Its constants must be recognizable by identity: a ``jax.Array`` (the
+    cache watches it, and its death purges the memo), a writable NumPy array
+    (held, with :func:`~pejit._keys.unchanged` as the guard: the TFC form
     binds its constants once, as NumPy arrays in TFC's programs, and every
-    call passes the same objects.
+    call passes the same objects), a read-only one (watched), or an
+    immutable scalar or string (held). A pytree
+    constant is not: a dict or a list can change under the same identity.
     """
     consts = [args[i] for i in layout.const]
-    if len(key) != len(args) or not any(type(c) is np.ndarray for c in consts):
-        return None  # keywords or named axes in the key, or nothing for this memo to add
-    if not all(type(c) in (np.ndarray, _compat.ArrayImpl) for c in consts):
-        return None
-    if not all(type(args[i]) is _compat.ArrayImpl for i in layout.dyn):
-        return None
-    guard = unchanged([c for c in consts if type(c) is np.ndarray])
-    return (len(args), *[id(c) for c in consts], *[args[i].aval for i in layout.dyn], guard, call)
+    held = []
+    for c in consts:
+        if type(c) is _compat.ArrayImpl:
+            continue
+        if type(c) is np.ndarray:
+            if not immutable(c):  # else watched, as a jax.Array
+                held.append(c)
+        elif isinstance(c, _HELD):
+            held.append(c)
+        else:
+            return None
+    guard = unchanged([c for c in held if type(c) is np.ndarray])
+    return (len(args), *[id(c) for c in consts], held, guard, call)
 
 
 _BOUND_SOURCE = """

@@ -58,6 +58,16 @@ class NothingFoldedWarning(PejitWarning):
     """
 
 
+class RespecializingWarning(PejitWarning):
+    """Most calls of a function fold again: its constants change from call to call.
+
+    Each new constant value costs a fold (and the cache keeps the folded
+    values of the latest ones), so an argument that is new on every call is
+    better dynamic: under ``jax.jit`` it costs nothing to change. Issued once
+    per function, after 16 folds that were three in four of its calls.
+    """
+
+
 class WritableConstantWarning(PejitWarning):
     """A large writable NumPy constant is hashed on every call.
 
@@ -74,7 +84,7 @@ HASH_WARNING_BYTES = 1 << 20
 #: pejit's own keywords; every other keyword is one of `jax.jit`.
 PEJIT_KEYWORDS = (
     "constant_argnums", "constant_argnames", "constant_arg_nums", "fold_options", "cache_size",
-    "constant_shardings",
+    "cache_bytes", "constant_shardings",
 )
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -265,6 +275,16 @@ def skipped_folding(name: str, what: str) -> None:
         f"close over the constant instead of passing it through the transformation "
         f"(jax.jit(lambda x: f(A, x))), or apply pejit outside the transformation",
         FoldingSkippedWarning,
+    )
+
+
+def respecializing(name: str, folds: int, calls: int) -> None:
+    warn(
+        f"pejit({name}): {folds} of its {calls} calls folded new constant values; an argument marked "
+        f"constant probably changes on every call. Make it dynamic (leave it out of "
+        f"constant_argnums/constant_argnames), or use constant_argnums='auto', which folds only "
+        f"the arguments that repeat",
+        RespecializingWarning,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 from . import _argnums, _compat
-from ._cache import DEFAULT_CACHE_SIZE
+from ._cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE
 from ._options import FoldOptions
 
 
@@ -39,6 +39,7 @@ class PejitInfo:
     jit: bool
     fold_options: FoldOptions
     cache_size: int | None
+    cache_bytes: int | None
     constant_shardings: Any
     nargs: int | None  # positional arguments ``fun`` takes; None: any number
     signature: inspect.Signature | None  # ``fun``'s, None if it has none
@@ -59,6 +60,7 @@ def parse_pejit_arguments(
     jit: bool = True,
     fold_options: FoldOptions | None = None,
     cache_size: int | None = DEFAULT_CACHE_SIZE,
+    cache_bytes: int | None = DEFAULT_CACHE_BYTES,
     constant_shardings: Any = None,
     one_value: bool = False,
     **jit_kwargs: Any,
@@ -108,6 +110,7 @@ def parse_pejit_arguments(
         jit=jit,
         fold_options=options,
         cache_size=cache_size,
+        cache_bytes=cache_bytes,
         constant_shardings=constant_shardings,
         nargs=nargs,
         signature=sig,

@@ -24,11 +24,11 @@ import jax
 
 from . import _compat, _errors
 from ._cache import CacheInfo, Caches
-from ._dispatch import Layout, dispatcher, numpy_memo, straight_line
+from ._dispatch import Layout, dispatcher, memo, straight_line
 from ._stats import FoldStats
 from ._info import fixed_positions, parse_pejit_arguments, split_call
 from ._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
-from ._program import Program, Specialization
+from ._program import OtherSignature, Program, Specialization
 from ._specializer import jit_kwargs_for, make_runner, specialize
 from ._staging import ClosedOverTracer, specializing
 from ._stages import Lowered, Traced
@@ -41,8 +41,11 @@ class _KW:
     """Tags the keyword part of a cache key."""
 
 
-class _AXES:
-    """Tags the named-axes part of a cache key."""
+#: The named-axes part of a call's key outside ``vmap`` with an axis name.
+_NO_AXES = ("no named axes",)
+
+#: Misses after which most calls missing is worth a warning (see ``_check_respecializing``).
+RESPECIALIZING_AFTER = 16
 
 
 #: Options of ``Pejitted`` that are pejit's (its public keywords, and two the
@@ -102,7 +105,7 @@ class Pejitted:
         # Every option is checked here, once (see :func:`parse_pejit_arguments`).
         self.info = parse_pejit_arguments(fun, **options)
         self._options = options  # what pickling keeps
-        self._caches = Caches(self.info.cache_size)
+        self._caches = Caches(self.info.cache_size, self.info.cache_bytes)
         self._layouts: dict[int, Layout] = {}
         if self._is_jax_jit:
             # jax.jit's object itself: no Python frame of pejit's, and no
@@ -131,7 +134,7 @@ class Pejitted:
           >>> a = jnp.ones(3)
           >>> _ = f(a, jnp.ones(3)); _ = f(a, jnp.ones(3))
           >>> f.cache_info()
-          CacheInfo(hits=1, misses=1, maxsize=128, currsize=1)
+          CacheInfo(hits=1, misses=1, maxsize=128, currsize=1, maxbytes=2147483648, currbytes=0)
         """
         return self._caches.info()
 
@@ -162,30 +165,58 @@ class Pejitted:
     __call__ = property(operator.attrgetter("_dispatch"))
 
     def _route(self, args: tuple, kwargs: dict):
-        layout = None if kwargs else self._layouts.get(len(args))
+        layout = self._layouts.get(len(args))
         if layout is not None:
-            return layout.dispatch(*args)
+            return layout.dispatch(*args, **kwargs)
         return self._uncached(args, kwargs)
 
     @_compat.api_boundary  # an error in the user's function shows no pejit frames
     def _uncached(self, args: tuple, kwargs: dict):
+        """A call the memo did not serve: find (or fold) its specialization, and memoize it."""
         if self._jitted is not None and _compat.DISABLE_JIT.value:
             return self.info.fun(*args, **kwargs)  # as jax.jit does: no trace, no fold
+        layout = self._layout(len(args))
         try:
-            spec, key, layout = self._lookup(args, kwargs)
+            constants = self._constant_key(args, kwargs, layout)
         except TracedConstant as e:
             return self._fallback(e, args, kwargs)
+        dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
+        cache = self._caches.specializations
+        axes = _compat.axis_env_key()
+        key, spec = (None, None) if axes else cache.latest(constants)
+        if spec is not None:
+            # The last specialization of these constants; jax.jit's dispatch
+            # checks the dynamic arguments' types.
+            try:
+                out = spec.call(*dyn_args, **dyn_kwargs)
+            except OtherSignature:
+                cache.several(constants)
+            else:
+                cache.counts.hits += 1
+                self._memoize(args, kwargs, layout, key, spec)
+                return out
+        key = (constants, self._types(args, dyn_kwargs, layout, axes))
+        try:
+            spec = self._caches.specialization(key, self._build, args, kwargs, layout)
         except ClosedOverTracer:
             # As jax.jit traces again inside each outer trace: the function,
             # run under the caller's trace, sees the tracer it closes over
             # (or fails on a leaked one, as jax.jit's call does).
             return self.info.fun(*args, **kwargs)
-        if not kwargs:
-            memo = numpy_memo(layout, args, key, spec.call)
-            if memo is not None:  # the next call with these arrays takes the hot path
-                self._caches.specializations.touch(key, spec, memo)
-        dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
+        self._memoize(args, kwargs, layout, key, spec)
         return spec.call(*dyn_args, **dyn_kwargs)
+
+    def _memoize(self, args: tuple, kwargs: dict, layout: Layout, key: tuple, spec: Specialization) -> None:
+        """Make this call's specialization the memo, if the dispatcher can recognize its constants
+        and they select it alone."""
+        if key[1][-1] is not _NO_AXES or (kwargs and not self.info.fixed_names.isdisjoint(kwargs)):
+            return
+        cache = self._caches.specializations
+        if cache.index.get(key[0]) is not key:
+            return  # several specializations of these constants: the full key decides
+        entry = memo(layout, args, spec.call)
+        if entry is not None:
+            cache.touch(key, spec, entry)
 
     def _fallback(self, e: TracedConstant, args, kwargs):
         what = _argument_name(e.args[0])
@@ -205,7 +236,7 @@ class Pejitted:
             const = tuple(i for i in range(n) if i in fixed)
             dyn = tuple(i for i in range(n) if i not in fixed)
             dispatch = dispatcher(n, const, dyn, self._caches.fast_path(), self._route, self._uncached,
-                                  None if self._jitted is None else _compat.DISABLE_JIT)
+                                  None if self._jitted is None else _compat.DISABLE_JIT, self.info.fixed_names)
             layout = Layout(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
             with self._lock:
                 self._layouts[n] = layout
@@ -213,24 +244,29 @@ class Pejitted:
                     self._dispatch = dispatch
         return layout
 
-    def _key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
-        """The cache key of a call: constants' values, then dynamic arguments' types,
-        then the named axes it runs under, if any (see ``_compat.axis_env_key``).
-
-        For positional ``jax.Array`` arguments at top level, the layout's hot
-        path (:func:`dispatcher`) computes the same key inline.
-        """
+    def _constant_key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
+        """The constants' part of a call's key: their values (a ``jax.Array`` by
+        identity), in order, then the constant keywords' if any."""
         key = [constant_key(i, args[i]) for i in layout.const]
-        key += [dynamic_key(args[i], i) for i in layout.dyn]
         if kwargs:
             fixed = self.info.fixed_names
-            key.append((_KW, tuple(sorted(
-                (k, constant_key(k, v) if k in fixed else dynamic_key(v, k)) for k, v in kwargs.items()
-            ))))
-        axes = _compat.axis_env_key()
-        if axes:
-            key.append((_AXES, axes))
+            named = sorted((k, constant_key(k, v)) for k, v in kwargs.items() if k in fixed)
+            if named:
+                key.append((_KW, tuple(named)))
         return tuple(key)
+
+    @staticmethod
+    def _types(args: tuple, dyn_kwargs: dict, layout: Layout, axes: tuple) -> tuple:
+        """The dynamic arguments' part of a call's key: their types, then the
+        named axes the call runs under (see ``_compat.axis_env_key``)."""
+        types = [dynamic_key(args[i], i) for i in layout.dyn]
+        types += [(k, dynamic_key(v, k)) for k, v in sorted(dyn_kwargs.items())]
+        return (*types, axes or _NO_AXES)
+
+    def _key(self, args: tuple, kwargs: dict, layout: Layout) -> tuple:
+        """The cache key of a call: ``(constants, types)``."""
+        _, dyn_kwargs = self._dynamic(args, kwargs, layout)
+        return self._constant_key(args, kwargs, layout), self._types(args, dyn_kwargs, layout, _compat.axis_env_key())
 
     def _lookup(self, args: tuple, kwargs: dict):
         """The specialization of a call (folding on a miss), its key and layout."""
@@ -245,17 +281,29 @@ class Pejitted:
     def _dynamic(self, args: tuple, kwargs: dict, layout: Layout) -> tuple[tuple, dict]:
         """The arguments of a call that its specialization takes."""
         fixed = self.info.fixed_names
+        if not kwargs or not fixed:
+            return layout.dynamic(args), kwargs
         return layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 
     def _build(self, args: tuple, kwargs: dict, layout: Layout):
-        """A new specialization for this call, and the constants it dies with."""
+        """A new specialization for this call, the constants it dies with, and its bytes."""
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
         with specializing():
             spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
         const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(self.info.name, const_leaves, self._hints_given)
         _errors.check_folded(self.info.name, spec, const_leaves, self._hints_given)
-        return spec, watched(const_leaves)
+        self._check_respecializing()
+        return spec, watched(const_leaves), sum(getattr(c, "nbytes", 0) for c in spec.consts)
+
+    def _check_respecializing(self) -> None:
+        """Warn, once, when most calls fold (three in four, after 16 folds): a
+        constant argument probably changes on each call."""
+        counts = self._caches.specializations.counts
+        misses = counts.misses
+        if misses >= RESPECIALIZING_AFTER and 4 * misses >= 3 * (misses + counts.hits) and "respecializing" not in self._hints_given:
+            self._hints_given.add("respecializing")
+            _errors.respecializing(self.info.name, misses, misses + counts.hits)
 
     # -- jax.jit's staged API --------------------------------------------
     # A constant given as a type alone (a ``jax.ShapeDtypeStruct``, as
@@ -360,7 +408,7 @@ class Pejitted:
         traced = self._jitted.trace(*args, **kwargs)
         jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)
         out_tree = jax.tree_util.tree_structure(traced.out_info)
-        run = make_runner(self.info, self._layout(len(args)), jaxpr, len(consts), out_tree)
+        run = make_runner(self.info, self._layout(len(args)), jaxpr, len(consts), out_tree, traced.in_tree)
         program = Program(jaxpr, len(consts), out_tree, FoldStats(), (NO_CONSTANTS,), run, None)
         return Specialization(program, consts, 0.0)
 

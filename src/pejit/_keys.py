@@ -36,6 +36,18 @@ class TracedConstant(Exception):
     """A constant argument is a tracer of an outer transformation."""
 
 
+class OtherSignature(TypeError):
+    """A residual program called with dynamic arguments of types it was not traced for.
+
+    The call path hands a call straight to the residual of the last
+    specialization of its constants, and lets ``jax.jit``'s dispatch check the
+    dynamic arguments: on a type it has not compiled for, ``jax.jit`` traces
+    the runner again, and the runner raises this instead of running a residual
+    folded for other types. The call path then specializes anew; a user
+    calling ``Specialization.call`` directly sees it as a ``TypeError``.
+    """
+
+
 _flatten = jax.tree_util.tree_flatten
 
 

@@ -20,12 +20,13 @@ import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from . import _batch, _compat
+from ._keys import OtherSignature
 from ._stats import FoldStats
 from ._primitives import CUSTOM_CALLS
 from ._report import FoldReport
 from ._residual import Residual, SharePlan
 
-_tree_leaves = jax.tree_util.tree_leaves
+_tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
 
 
@@ -228,12 +229,15 @@ def _closing_custom_call(jaxpr) -> str | None:
     return None
 
 
-def runner(jaxpr, nconsts: int, out_tree) -> Callable:
+def runner(jaxpr, nconsts: int, out_tree, in_tree=None) -> Callable:
     """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating an open residual jaxpr.
 
     ``jaxpr``'s first ``nconsts`` inputs (the folded constants) are leading
     arguments, so they reach XLA as buffers, not as HLO literals; flat rather
     than in one list, which ``jax.jit``'s dispatch would flatten on every call.
+    With ``in_tree``, the structure of ``(dyn_args, dyn_kwargs)`` the residual
+    was traced for, other structures or leaf types raise :class:`OtherSignature`
+    (checked when ``jax.jit`` traces, that is once per new type, not per call).
     """
     fun = jaxpr_as_fun(_compat.close_jaxpr(jaxpr, ()))
     # An output that is a literal (a folded Python scalar) comes back from the
@@ -241,11 +245,28 @@ def runner(jaxpr, nconsts: int, out_tree) -> Callable:
     literal_outs = {
         i: jax.device_put(v.val) for i, v in enumerate(jaxpr.outvars) if isinstance(v, _compat.Literal)
     }
+    types = [_type(v.aval) for v in jaxpr.invars[nconsts:]]
 
     def run(*args, **dyn_kwargs):
-        outs = fun(*args[:nconsts], *_tree_leaves((args[nconsts:], dyn_kwargs)))
+        leaves, tree = _tree_flatten((args[nconsts:], dyn_kwargs))
+        if in_tree is not None and (tree != in_tree or [_type(jax.typeof(leaf)) for leaf in leaves] != types):
+            raise OtherSignature(
+                f"this residual program takes dynamic arguments {in_tree} with leaves of types "
+                f"{_types_str(types)}; it was called with {tree} and {_types_str(map(_type, map(jax.typeof, leaves)))}"
+            )
+        outs = fun(*args[:nconsts], *leaves)
         for i, value in literal_outs.items():
             outs[i] = value
         return _tree_unflatten(out_tree, outs)
 
     return run
+
+
+def _type(aval) -> tuple:
+    """What a residual's input depends on: shape, dtype and weak type (a sharding
+    change is ``jax.jit``'s to recompile for, the residual stays right)."""
+    return aval.shape, aval.dtype, getattr(aval, "weak_type", False)
+
+
+def _types_str(types) -> str:
+    return "[" + ", ".join(f"{dtype}{list(shape)}{'(weak)' if weak else ''}" for shape, dtype, weak in types) + "]"

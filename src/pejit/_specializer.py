@@ -58,7 +58,7 @@ def specialize(
             bind=functools.partial(bind_constants, info, where),
             fold=functools.partial(specialize, info, layout, programs, const_pos, const_kw, dyn_args, dyn_kwargs,
                                    persist=False),
-            runner=functools.partial(make_runner, info, layout), place=functools.partial(place, info),
+            runner=functools.partial(make_runner, info, layout, in_tree=in_tree), place=functools.partial(place, info),
         )
     nargs = len(layout.const) + len(layout.dyn)
     if info.one_value:
@@ -82,7 +82,7 @@ def specialize(
     if share is not None:
         shared = share.select(consts)
         if shared is None:  # other constants are equal or uniform: a residual of its own
-            program, shared = shared_program(info, layout, program, consts)
+            program, shared = shared_program(info, layout, in_tree, program, consts)
         consts = shared
     # an evaluated (not compiled) folding program gives host results: copied once, not per call
     consts = [to_device(c) for c in consts]
@@ -194,7 +194,7 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
         progress.close()
     program.residual = traced["jaxpr"]
     unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
-    return shared_program(info, layout, unshared, consts, run)
+    return shared_program(info, layout, in_tree, unshared, consts, run)
 
 
 def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree, in_tree, avals) -> Callable | None:
@@ -209,7 +209,7 @@ def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree,
     spare = _offload.spare()
     if spare is None or not info.jit or info.jit_kwargs or info.constant_shardings is not None:
         return None
-    run = make_runner(info, layout, jaxpr, nconsts, out_tree)
+    run = make_runner(info, layout, jaxpr, nconsts, out_tree, in_tree)
     try:
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars[:nconsts]]
         dyn_args, dyn_kwargs = _tree_unflatten(
@@ -221,7 +221,7 @@ def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree,
 
 
 def shared_program(
-    info: PejitInfo, layout: Layout, program: Program, consts: list, run: Callable | None = None,
+    info: PejitInfo, layout: Layout, in_tree, program: Program, consts: list, run: Callable | None = None,
 ) -> tuple[Program, list]:
     """The program for folded ``consts``, equal and uniform ones not passed.
 
@@ -240,7 +240,7 @@ def shared_program(
     if folding.share is None:
         folding.share = plan
     if run is None or plan is not None:
-        run = make_runner(info, layout, jaxpr, len(consts), program.out_tree)
+        run = make_runner(info, layout, jaxpr, len(consts), program.out_tree, in_tree)
     return Program(jaxpr, len(consts), program.out_tree, program.stats, program.fallbacks, run, folding), consts
 
 
@@ -270,7 +270,7 @@ def specialize_per_value(
     folded = residual.consts
     consts = place(info, folded, jax.device_put)
     jaxpr, nconsts = residual.open_jaxpr(), len(folded)
-    run = make_runner(info, layout, jaxpr, nconsts, out_trees[-1])
+    run = make_runner(info, layout, jaxpr, nconsts, out_trees[-1], in_tree)
     program = Program(jaxpr, nconsts, out_trees[-1], residual.stats, notes, run, None)
     return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
@@ -287,8 +287,10 @@ def place(info: PejitInfo, consts: list, put: Callable) -> list:
     return out
 
 
-def make_runner(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree) -> Callable:
-    run = runner(jaxpr, nconsts, out_tree)
+def make_runner(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree, in_tree) -> Callable:
+    """The residual's runner (see :func:`~pejit._program.runner`), named after the
+    function and jitted with its options unless it is ``pe``'s."""
+    run = runner(jaxpr, nconsts, out_tree, in_tree)
     # The user's name in profiles and dumps: the HLO module is jit_<name>;
     # and its parameters' names in jax.jit's messages about the arguments.
     run.__name__ = run.__qualname__ = info.name
