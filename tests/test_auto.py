@@ -172,6 +172,32 @@ def test_keyword_arguments_are_candidates_too():
     assert f.decisions()["X"][0] == "promoted" and f.cache_info().misses == 1
 
 
+@pytest.mark.parametrize("promoted", ["by position", "by keyword"])
+def test_keywords_pass_the_generated_call_once_decided(promoted):
+    # After the decisions, a call is the generated guard and the Pejitted:
+    # other keywords (a dynamic one, a pytree) do not send it back to watching.
+    def g(w, X, *, scale, extra):
+        return loss(w * scale, X) + extra["b"]
+
+    f = pejit(g, constant_argnums="auto", auto_min_flops=0)
+    X = data(0)
+
+    def call(i):
+        kwargs = {"scale": ws[i], "extra": {"b": ws[i][0]}}
+        if promoted == "by keyword":
+            return f(ws[i], X=X, **kwargs)
+        return f(ws[i], X, **kwargs)
+
+    for i in range(6):  # w and scale change on each call: dynamic after the fourth change
+        call(i)
+    watching = f._watching
+    f._watching = None  # the generated call holds its own reference: calls must not reach this one
+    for i in range(6, 12):
+        np.testing.assert_allclose(call(i), jax.jit(g)(ws[i], X, scale=ws[i], extra={"b": ws[i][0]}), rtol=1e-5)
+    f._watching = watching
+    assert f.cache_info().promotions == 1 and f.cache_info().misses == 1
+
+
 def test_static_and_donated_arguments_are_not_candidates():
     def g(w, X, k):
         return loss(w, X) * k

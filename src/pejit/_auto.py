@@ -369,19 +369,22 @@ class AutoPejitted:
         if not self._promoted:
             self._dispatch = self._generic
             return
+        # A guard per promoted argument, by position or keyword; other keywords
+        # pass through (an array keyword first seen after this stays dynamic).
         positions = [k for k in self._promoted if isinstance(k, int)]
-        if len(positions) < len(self._promoted) or not positions:
-            self._watch()  # keywords: the general path
-            return
+        names = [k for k in self._promoted if isinstance(k, str)]
         refs = {f"r{i}": decisions[i].ref for i in positions}
-        n = 1 + max(positions)
-        check = " and ".join(f"args[{i}] is r{i}() is not None" for i in positions)
+        refs |= {f"k{j}": decisions[name].ref for j, name in enumerate(names)}
+        refs |= {f"n{j}": name for j, name in enumerate(names)}
+        n = 1 + max(positions, default=-1)
+        check = " and ".join([f"args[{i}] is r{i}() is not None" for i in positions]
+                             + [f"kwargs.get(n{j}) is k{j}() is not None" for j in range(len(names))])
         source = (f"def call(*args, **kwargs):\n"
-                  f"    if not kwargs and len(args) >= {n} and {check}:\n"
-                  f"        return special(*args)\n"
+                  f"    if len(args) >= {n} and {check}:\n"
+                  f"        return special(*args, **kwargs)\n"
                   f"    return watching(*args, **kwargs)\n")
         namespace = {**refs, "special": self._specialized(self._promoted), "watching": self._watching}
-        exec(source, namespace)  # noqa: S102 -- built from integer positions only
+        exec(source, namespace)  # noqa: S102 -- built from integer positions only (names are bound)
         self._dispatch = namespace["call"]
 
     @property

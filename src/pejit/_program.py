@@ -251,8 +251,9 @@ def runner(jaxpr, nconsts: int, out_tree, in_tree=None) -> Callable:
         leaves, tree = _tree_flatten((args[nconsts:], dyn_kwargs))
         if in_tree is not None and (tree != in_tree or [_type(jax.typeof(leaf)) for leaf in leaves] != types):
             raise OtherSignature(
-                f"this residual program takes dynamic arguments {in_tree} with leaves of types "
-                f"{_types_str(types)}; it was called with {tree} and {_types_str(map(_type, map(jax.typeof, leaves)))}"
+                f"this residual program was folded for dynamic arguments of types {_types_str(types)} "
+                f"(structure {in_tree}); it was called with {_types_str(map(_type, map(jax.typeof, leaves)))} "
+                f"(structure {tree}). Call the pejit function, which specializes again"
             )
         outs = fun(*args[:nconsts], *leaves)
         for i, value in literal_outs.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from . import loops
 from ._common import _s, mib
 
 
@@ -164,6 +165,7 @@ def targets(results: dict) -> list[Target]:
             out.append(Target(f"case 12: {key} / TFC per call <= 1.0", None if r_ is None else r_ <= 1.0,
                               "n/a" if r_ is None else f"{steady['times'][key] * 1e6:.1f} us / "
                               f"{steady['times']['tfc'] * 1e6:.1f} us: {r_:.3f} (median of ratios paired by round)"))
+    out += loops.targets(results, Target)
     if 8 in results:
         r = results[8]
         t, jit_first = r["first_totals"], r["first_call"]["jax.jit"]

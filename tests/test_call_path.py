@@ -1,0 +1,229 @@
+"""The call path: a cached call is the memo's constants check and the residual's
+own ``jax.jit`` dispatch, for every kind of dynamic argument; it specializes
+again exactly where ``jax.jit`` traces again; the cache is bounded in bytes."""
+
+import dataclasses
+import functools
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pejit
+from pejit import pejit as pj
+
+from ._util import Counter, primitive_names
+
+A = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
+
+
+class Pair(NamedTuple):
+    a: jax.Array
+    b: jax.Array
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "step"], meta_fields=[])
+@dataclasses.dataclass
+class State:
+    w: jax.Array
+    step: jax.Array
+
+
+def _total(tree):
+    """A value of every leaf of ``tree`` (keys through their data)."""
+    leaves = [jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else v
+              for v in map(jnp.asarray, jax.tree_util.tree_leaves(tree))]
+    return sum(jnp.sum(v.astype(jnp.float32)) for v in leaves)
+
+
+def _f(S, tree, *rest, **kw):
+    return jnp.linalg.inv(S) @ jnp.full(4, _total((tree, rest, kw)))
+
+
+x = jnp.arange(4.0)
+#: One call of each kind of dynamic argument: (name, positional, keywords, jax.jit keywords).
+KINDS = [
+    ("bare array", (x,), {}, {}),
+    ("dict", ({"a": x, "b": 2 * x},), {}, {}),
+    ("NamedTuple", (Pair(x, x + 1),), {}, {}),
+    ("registered dataclass", (State(x, jnp.int32(3)),), {}, {}),
+    ("typed key", (jax.random.key(1),), {}, {}),
+    ("raw key", (jax.random.PRNGKey(1),), {}, {}),
+    ("Python float", (2.5,), {}, {}),
+    ("NumPy scalar", (np.float32(2.5),), {}, {}),
+    ("NumPy array", (np.arange(4.0, dtype=np.float32),), {}, {}),
+    ("keyword", (x,), {"y": 3 * x}, {}),
+    ("static argument", (x, 3), {}, {"static_argnums": 2}),
+    ("list of 8 arrays", ([x + i for i in range(8)],), {}, {}),
+    ("mixed", ({"k": jax.random.key(2), "s": 1.5}, np.ones(2, np.float32)), {"y": Pair(x, x)}, {}),
+]
+
+
+def _counting(f):
+    """``f`` with its calls past the memo counted (before its first call)."""
+    missed = Counter(f._uncached)
+    f._uncached = missed
+    return missed
+
+
+@pytest.mark.parametrize("args, kwargs, jit_kwargs", [k[1:] for k in KINDS], ids=[k[0] for k in KINDS])
+def test_every_kind_of_dynamic_argument_is_served_by_the_memo(args, kwargs, jit_kwargs):
+    f = pj(_f, constant_argnums=0, **jit_kwargs)
+    missed = _counting(f)
+    want = jax.jit(_f, **jit_kwargs)(A, *args, **kwargs)
+    for _ in range(3):
+        np.testing.assert_allclose(f(A, *args, **kwargs), want, rtol=1e-5)
+    assert missed.calls == 1  # the first call folds; the others are the memo's
+    assert f.cache_info()[:2] == (2, 1)
+    assert "lu" not in primitive_names(f.report(A, *args, **kwargs).after)
+
+
+def _calls(kind):
+    """Calls with one property of the dynamic argument changing, and back."""
+    f32 = jnp.ones(3, jnp.float32)
+    return {
+        "shape": [(f32,), (jnp.ones(4),), (f32,)],
+        "dtype": [(f32,), (jnp.ones(3, jnp.int32),), (f32,)],
+        "weak type": [(1.0,), (jnp.float32(1.0),), (2.0,)],
+        "pytree structure": [({"a": f32},), ({"a": f32, "b": f32},), ((f32,),), ({"a": f32},)],
+        "key type": [(jax.random.key(0),), (jax.random.PRNGKey(0),), (jax.random.key(5),)],
+        "static value": [(f32, 2), (f32, 3), (f32, 2), (f32, 3)],
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["shape", "dtype", "weak type", "pytree structure", "key type", "static value"])
+def test_a_new_dynamic_type_specializes_exactly_where_jax_jit_traces(kind):
+    def g(S, tree, n=1):
+        return jnp.sum(S) * _total(tree) * n
+
+    jit_kwargs = {"static_argnums": 2} if kind == "static value" else {}
+    ours, theirs = Counter(g), Counter(g)
+    f = pj(ours, constant_argnums=0, **jit_kwargs)
+    j = jax.jit(theirs, **jit_kwargs)
+    for args in _calls(kind) * 2:  # and again, each type known by then
+        np.testing.assert_allclose(f(A, *args), j(A, *args), rtol=1e-5)
+        assert ours.calls == theirs.calls
+    assert f.cache_info().misses == theirs.calls
+
+
+def test_alternating_dynamic_types_trace_each_once():
+    # The same constants with two types: the memo of one type is never asked
+    # to serve the other twice (its trace would be jax.jit's, per call).
+    ours = Counter(lambda S, x: jnp.linalg.inv(S) @ x[:4] + x.sum())
+    f = pj(ours, constant_argnums=0)
+    runs = Counter(f.specialize(A, jnp.ones(4)).run)
+    for i in range(6):
+        v = jnp.ones(4 + i % 2)
+        np.testing.assert_allclose(f(A, v), jnp.linalg.inv(A) @ v[:4] + v.sum(), rtol=1e-5)
+    assert ours.calls == 2
+    assert f.cache_info().misses == 2
+    assert runs.calls == 0  # the specializations' runners, not the function
+
+
+def test_a_residual_called_with_other_types_says_so():
+    spec = pj(_inv, constant_argnums=0).specialize(A, jnp.ones(4))
+    with pytest.raises(TypeError, match=r"folded for dynamic arguments of types \[float32\[4\]\].* called with \[float32\[5\]\]"):
+        spec.call(jnp.ones(5))
+    with pytest.raises(TypeError, match=r"int32\[4\]"):
+        spec.call(jnp.ones(4, jnp.int32))
+    np.testing.assert_allclose(spec.call(jnp.ones(4)), _inv(A, jnp.ones(4)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["call-time", "TFC", "auto"])
+def test_a_mutated_numpy_constant_is_never_stale_on_the_memo(form):
+    a = np.asarray(A).copy()
+    g = lambda S, tree: S @ tree["x"]  # noqa: E731
+    d = {"x": x}
+    if form == "TFC":
+        f = pj(a, d, constant_arg_nums=[0])(g)
+        call = lambda: f(d)  # noqa: E731
+    else:
+        f = pj(g, constant_argnums="auto" if form == "auto" else 0)
+        call = lambda: f(a, d)  # noqa: E731
+    for _ in range(3):
+        np.testing.assert_allclose(call(), a @ x, rtol=1e-5)
+    a[0, 0] += 10.0
+    np.testing.assert_allclose(call(), a @ x, rtol=1e-5)
+
+
+def test_the_memo_steps_aside_under_disable_jit_named_axes_and_outer_traces():
+    seen = []
+
+    def g(S, x):
+        seen.append(type(x))
+        return jnp.exp(S) @ x
+
+    f = pj(g, constant_argnums=0)
+    f(A, x), f(A, x)
+    E = jnp.exp(A)
+    with jax.disable_jit():
+        np.testing.assert_allclose(f(A, x), E @ x, rtol=1e-5)
+    assert not issubclass(seen[-1], jax.core.Tracer)  # run as Python, as jax.jit's under disable_jit
+    xs = jnp.stack([x, 2 * x])
+    np.testing.assert_allclose(jax.vmap(lambda v: f(A, v), axis_name="i")(xs), xs @ E.T, rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda v: f(A, v).sum())(x), E.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(lambda v: f(A, v))(x), E @ x, rtol=1e-5)
+
+
+# -- the byte budget ---------------------------------------------------------------
+def _inv(S, x):
+    return jnp.linalg.inv(S) @ x
+
+
+def test_the_cache_is_bounded_in_bytes_least_recently_used_first():
+    n = 32  # each fold keeps inv(S): 4 KiB
+    mats = [jnp.eye(n) * (i + 2.0) for i in range(5)]
+    f = pj(_inv, constant_argnums=0, cache_bytes=3 * n * n * 4)
+    v = jnp.ones(n)
+    for m in mats[:3]:
+        f(m, v)
+    info = f.cache_info()
+    assert (info.currsize, info.currbytes, info.maxbytes) == (3, 3 * n * n * 4, 3 * n * n * 4)
+    f(mats[0], v)  # the most recent now
+    f(mats[3], v)  # evicts mats[1]
+    assert f.cache_info().currsize == 3
+    misses = f.cache_info().misses
+    f(mats[0], v), f(mats[2], v), f(mats[3], v)
+    assert f.cache_info().misses == misses
+    np.testing.assert_allclose(f(mats[1], v), v / 3.0, rtol=1e-6)
+    assert f.cache_info().misses == misses + 1
+
+
+def test_a_fold_larger_than_the_budget_is_kept_alone():
+    f = pj(_inv, constant_argnums=0, cache_bytes=16)
+    v, mats = jnp.ones(8), [jnp.eye(8) * (i + 1.0) for i in range(3)]
+    for i, m in enumerate(mats):
+        np.testing.assert_allclose(f(m, v), v / (i + 1.0), rtol=1e-6)
+    assert (f.cache_info().currsize, f.cache_info().currbytes) == (1, 8 * 8 * 4)
+
+
+def test_cache_bytes_defaults_and_is_validated():
+    assert pj(_inv, constant_argnums=0).cache_info().maxbytes == pejit.DEFAULT_CACHE_BYTES
+    assert pj(_inv, constant_argnums=0, cache_bytes=None).cache_info().maxbytes is None
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="cache_bytes must be a non-negative int or None"):
+            pj(_inv, constant_argnums=0, cache_bytes=bad)
+
+
+def test_a_constant_that_changes_on_every_call_is_warned_about_once():
+    f = pj(lambda a, x: a * x, constant_argnums=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(40):
+            f(jnp.full(3, float(i)), x[:3])
+    hits = [w for w in caught if issubclass(w.category, pejit.RespecializingWarning)]
+    assert len(hits) == 1
+    assert "16 of its 16 calls folded new constant values" in str(hits[0].message)
+    assert hits[0].filename == __file__
+
+
+def test_constants_that_repeat_are_not_warned_about():
+    f = pj(lambda a, x: a * x, constant_argnums=0)
+    consts = [jnp.full(3, float(i)) for i in range(20)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pejit.RespecializingWarning)
+        for c in consts:
+            f(c, x[:3]), f(c, x[:3])
