@@ -107,7 +107,7 @@ def unchanged(arrays: list[np.ndarray]) -> Callable[[], bool] | None:
     guarded = [a for a in arrays if not immutable(a)]
     if not guarded:
         return None
-    namespace: dict[str, Any] = {"digest": _digest}
+    namespace: dict[str, Any] = {"digest": lambda a: _digest(a)}  # noqa: PLW0108 -- this module's, when called
     terms = []
     for i, a in enumerate(guarded):
         namespace |= {f"a{i}": a, f"shape{i}": a.shape, f"dtype{i}": a.dtype, f"contents{i}": _contents(a)}
