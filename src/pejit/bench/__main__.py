@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks", help="directory for RESULTS.md and plots")
     parser.add_argument("--name", default="RESULTS.md", help="file name of the results")
     parser.add_argument("--tfc-python", default=None, help="a Python with tfc installed")
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,11,12",
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,11,12,13,14,15",
                         help="comma-separated case numbers (10, the persistent cache, runs many fresh processes: ask for it)")
     parser.add_argument("--cold-repeat", type=int, default=None,
                         help="fresh processes per fold-time sample (default: 1 quick, 3 full)")

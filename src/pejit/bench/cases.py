@@ -548,4 +548,5 @@ def case12(ctx: Context) -> dict:
 
 
 CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8, 9: case9,
-         10: case10, 11: case11, 12: case12, 13: loops.case13, 14: loops.case14}
+         10: case10, 11: case11, 12: case12, 13: loops.case13, 14: loops.case14,
+         15: loops.case15}

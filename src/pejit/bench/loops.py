@@ -312,7 +312,28 @@ def case14(ctx) -> dict:
     return out
 
 
+# -- case 15: TFC's PDE step per call, right after the fold --------------------------
+def case15(ctx) -> dict:
+    """TFC PDE step per call after the fold and steady, both forms, NumPy and jax.Array grids, vs hand-folded."""
+    from ._pde_calls import VARIANTS
+
+    n, m = 6, 100
+    if ctx.tfc_python is None:
+        return {"n": n, "m": m, "error": "TFC not installed"}
+    out = {}
+    for form, grid in VARIANTS:
+        spec = {"case": "pde_calls", "n": n, "m": m, "form": form, "grid": grid, "pairs": 41 if ctx.quick else 101}
+        r = out[f"{form}, {grid} grid"] = ctx.tfc("pejit.bench._pde_calls", spec)
+        if r and "first" in r:
+            print(f"  {form}, {grid} grid: first calls {r['first']['ratio']:.3f}x, steady {r['steady']['ratio']:.3f}x "
+                  f"the hand-folded program", flush=True)
+    return {"n": n, "m": m, "variants": out}
+
+
 # -- targets and report sections -------------------------------------------------------
+#: Case 15's "right after the fold" (as ``_pde_calls.FIRST_CALLS``, which imports TFC).
+FIRST_CALLS_AFTER_FOLD = 1000
+
 #: Microseconds a cached call may cost over jax.jit's: with bare arrays, and with anything else.
 BARE_BUDGET_US, OTHER_BUDGET_US = 3.0, 5.0
 
@@ -339,6 +360,13 @@ def targets(results: dict, target: Callable) -> list:
                           ratio < 1.0 if below else ratio <= 1.0,
                           f"{r['times']['pejit'] * 1e6:.0f} us / {r['times']['jax.jit'] * 1e6:.0f} us: "
                           f"{ratio:.3f} (median of ratios paired by round)"))
+    for name, r in results.get(15, {}).get("variants", {}).items():
+        for when, what in (("first", f"the first {FIRST_CALLS_AFTER_FOLD} calls after the fold"), ("steady", "steady")):
+            t = (r or {}).get(when)
+            out.append(target(f"case 15: {name}, {what}: per call <= 1.0x the hand-folded program",
+                              None if t is None else t["ratio"] <= 1.0,
+                              "n/a" if t is None else f"{t['pejit'] * 1e6:.1f} us / {t['hand'] * 1e6:.1f} us: "
+                              f"{t['ratio']:.3f} (median of ratios paired by call or round)"))
     return out
 
 
@@ -368,4 +396,22 @@ def section14(r: dict) -> list[str]:
         for variant, ratio in t["ratio"].items():
             rows.append(f"| {name} | {t['times']['jax.jit'] * 1e6:.0f} us | {variant} | "
                         f"{t['times'][variant] * 1e6:.0f} us | {ratio:.3f} |")
+    return rows
+
+
+def section15(r: dict) -> list[str]:
+    rows = [f"## Case 15: TFC's PDE step per call after the fold ({r['n']}^3 points, {r['m']} functions, 64-bit)", "",
+            "Each variant in a fresh process: the hand-folded `M @ xi + c` under `jax.jit` compiled first, then the "
+            f"variant folds; its first {FIRST_CALLS_AFTER_FOLD} calls alternate one by one with the hand-folded "
+            "program's (each waited for), then paired rounds of 200 calls.", ""]
+    if "error" in r:
+        return rows + [f"n/a: {r['error']}"]
+    rows += ["| variant | fold | first calls | / hand | steady | / hand |", "|---|---|---|---|---|---|"]
+    for name, t in r["variants"].items():
+        if not t or "first" not in t:
+            rows.append(f"| {name} | n/a | | | | |")
+            continue
+        f, s = t["first"], t["steady"]
+        rows.append(f"| {name} | {t['fold_seconds']:.2f} s | {f['pejit'] * 1e6:.1f} us | {f['ratio']:.3f} | "
+                    f"{s['pejit'] * 1e6:.1f} us | {s['ratio']:.3f} |")
     return rows
