@@ -227,3 +227,19 @@ def test_constants_that_repeat_are_not_warned_about():
         warnings.simplefilter("error", pejit.RespecializingWarning)
         for c in consts:
             f(c, x[:3]), f(c, x[:3])
+
+
+def test_a_pytree_constant_is_memoized_and_its_changes_are_seen():
+    d = {"S": A, "scale": 2.0}
+    f = pj(lambda d, x: jnp.linalg.inv(d["S"]) @ x * d["scale"], constant_argnums=0)
+    missed = _counting(f)
+    for _ in range(3):
+        np.testing.assert_allclose(f(d, x), _inv(A, x) * 2.0, rtol=1e-5)
+    assert missed.calls == 1
+    d["scale"] = 3.0  # the same dict, other contents
+    np.testing.assert_allclose(f(d, x), _inv(A, x) * 3.0, rtol=1e-5)
+    d["S"] = 2 * A
+    np.testing.assert_allclose(f(d, x), _inv(2 * A, x) * 3.0, rtol=1e-5)
+    d["more"] = np.ones(2)
+    np.testing.assert_allclose(f(d, x), _inv(2 * A, x) * 3.0, rtol=1e-5)
+    assert f.cache_info().misses == 4

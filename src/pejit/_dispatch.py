@@ -20,6 +20,7 @@ positions only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -28,7 +29,7 @@ import numpy as np
 from . import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
-from ._keys import OtherSignature, immutable, unchanged
+from ._keys import OtherSignature, immutable, same_constant, unchanged
 
 
 class Layout(NamedTuple):
@@ -103,31 +104,39 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
 _HELD = (int, float, complex, bool, str, bytes, type(None), np.generic)
 
 
-def memo(layout: Layout, args: tuple, call: Callable) -> tuple | None:
-    """The memo of a call whose constants its dispatcher can recognize, or None.
+def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple:
+    """The memo of a call: its constants' identities, what it holds, its guard, and ``call``.
 
-    Its constants must be recognizable by identity: a ``jax.Array`` (the
-    cache watches it, and its death purges the memo), a writable NumPy array
-    (held, with :func:`~pejit._keys.unchanged` as the guard: the TFC form
-    binds its constants once, as NumPy arrays in TFC's programs, and every
-    call passes the same objects), a read-only one (watched), or an
-    immutable scalar or string (held). A pytree
-    constant is not: a dict or a list can change under the same identity.
+    ``constants`` is the call's constants' key (``Pejitted._constant_key``).
+    A ``jax.Array`` is recognized by identity (the cache watches it, and its
+    death purges the memo), and so is an immutable scalar or string (held).
+    A writable NumPy array is held, and the guard checks its bytes
+    (:func:`~pejit._keys.unchanged`: the TFC form binds its constants once,
+    as NumPy arrays in TFC's programs, and every call passes the same
+    objects); a read-only one is watched. A pytree constant (a dict, a
+    list: its contents can change under the same identity) is held, and the
+    guard computes its key again: a flatten, not the whole call's key.
     """
     consts = [args[i] for i in layout.const]
-    held = []
-    for c in consts:
-        if type(c) is _compat.ArrayImpl:
-            continue
+    held, arrays, trees = [], [], []
+    for i, c, k in zip(layout.const, consts, constants):
+        if type(c) is _compat.ArrayImpl or (type(c) is np.ndarray and immutable(c)):
+            continue  # watched by the entry
+        held.append(c)
         if type(c) is np.ndarray:
-            if not immutable(c):  # else watched, as a jax.Array
-                held.append(c)
-        elif isinstance(c, _HELD):
-            held.append(c)
-        else:
-            return None
-    guard = unchanged([c for c in held if type(c) is np.ndarray])
+            arrays.append(c)
+        elif not isinstance(c, _HELD):
+            trees.append((i, c, k))
+    guard = unchanged(arrays)
+    if trees:
+        guard = functools.partial(_trees_unchanged, guard, trees)
     return (len(args), *[id(c) for c in consts], held, guard, call)
+
+
+def _trees_unchanged(arrays: Callable[[], bool] | None, trees: list[tuple]) -> bool:
+    """The guard of a memo with pytree constants: its NumPy ones unchanged, and
+    each tree's key what it was."""
+    return (arrays is None or arrays()) and all(same_constant(i, c, k) for i, c, k in trees)
 
 
 _BOUND_SOURCE = """

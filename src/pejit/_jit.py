@@ -214,9 +214,7 @@ class Pejitted:
         cache = self._caches.specializations
         if cache.index.get(key[0]) is not key:
             return  # several specializations of these constants: the full key decides
-        entry = memo(layout, args, spec.call)
-        if entry is not None:
-            cache.touch(key, spec, entry)
+        cache.touch(key, spec, memo(layout, args, key[0], spec.call))
 
     def _fallback(self, e: TracedConstant, args, kwargs):
         what = _argument_name(e.args[0])

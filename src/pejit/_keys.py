@@ -67,6 +67,14 @@ def constant_key(what: int | str, value: Any) -> Any:
     return (treedef, tuple([_leaf_key(what, leaf) for leaf in leaves]))
 
 
+def same_constant(what: int | str, value: Any, key: Any) -> bool:
+    """Whether the constant ``value`` still has the key ``key`` (False for a tracer)."""
+    try:
+        return constant_key(what, value) == key
+    except TracedConstant:
+        return False
+
+
 def _leaf_key(what: int | str, leaf: Any) -> Any:
     if type(leaf) is _compat.ArrayImpl:
         return id(leaf)
