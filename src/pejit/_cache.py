@@ -14,16 +14,18 @@ of read-only NumPy constants), so it is useless once such a constant is gone:
 nobody can pass that object again. Entries therefore *watch* those leaves
 with weak references and are dropped when one of them dies, instead of
 keeping the constant (and the folded values derived from it) alive. The
-least recently used entry goes when the cache is full.
+least recently used entries go when the cache holds more than its entries
+(``cache_size``) or more than its bytes of folded constants (``cache_bytes``).
 
 Weak-reference callbacks run wherever the last reference happens to die,
 possibly in the middle of another operation on this cache; they only record
 the dead key (``list.append`` is atomic), and the next lookup evicts it.
 
 ``last`` memoizes the most recently used entry, for callers (the generated
-dispatchers of ``_dispatch``) that can recognize their key without building it:
-a function called again and again with the same constants skips the
-dictionary. Every other lookup, insertion or eviction resets it, so the memo
+dispatchers of ``_dispatch``) that can recognize its constants without
+building a key: a function called again and again with the same constants
+skips the dictionary, and ``jax.jit``'s dispatch of the entry's residual
+checks the dynamic arguments. Every other lookup, insertion or eviction resets it, so the memo
 is always the most recent entry: skipping ``move_to_end`` on a memo hit
 keeps the order exact, and a memo never outlives its entry's watchers.
 """

@@ -10,7 +10,7 @@ constants' identity: the memo of the last call (its constants' ``id``, and
 a check of NumPy constants' contents) selects the residual, and the call's
 dynamic arguments, positional and keyword, go to it as they are. A
 residual traced again for types it was not folded for raises
-:class:`~pejit._program.OtherSignature`, and the call specializes anew.
+:class:`~pejit._keys.OtherSignature`, and the call specializes anew.
 
 The dispatcher is generated as straight-line code for each number of
 positional arguments, as ``dataclasses`` generates ``__init__``: no loops
