@@ -131,3 +131,31 @@ def _s(t) -> str:
 
 def mib(b: float | None) -> str:
     return "n/a" if b is None else f"{b / 2**20:.0f} MiB"
+
+
+def _sample(fn: Callable[[], Any], calls: int) -> float:
+    """Seconds per call of ``calls`` calls of ``fn``, its last result waited for."""
+    import jax
+
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def paired(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int) -> dict:
+    """Per-call medians, and each function's median difference from and ratio to
+    ``ref`` over rounds in which both ran back to back (the order alternating)."""
+    for fn in fns.values():
+        _sample(fn, calls)  # warm: compiled, memoized
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(pairs):
+        for name in names if r % 2 else names[::-1]:
+            samples[name].append(_sample(fns[name], calls))
+    return {
+        "times": {k: statistics.median(v) for k, v in samples.items()},
+        "extra": {k: statistics.median(a - b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
+        "ratio": {k: statistics.median(a / b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
+    }

@@ -16,9 +16,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ._common import worker_main
+from ._common import paired, worker_main
 from ._tfc import pde_problem
-from .loops import paired
 
 #: The variants: (form, grid).
 VARIANTS = (("TFC form", "NumPy"), ("TFC form", "jax.Array"), ("call-time form", "NumPy"),

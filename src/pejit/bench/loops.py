@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -24,31 +22,7 @@ import numpy as np
 
 from pejit import pejit
 
-
-def _sample(fn: Callable[[], Any], calls: int) -> float:
-    """Seconds per call of ``calls`` calls of ``fn``, its last result waited for."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        out = fn()
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
-
-
-def paired(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int) -> dict:
-    """Per-call medians, and each function's median difference from and ratio to
-    ``ref`` over rounds in which both ran back to back (the order alternating)."""
-    for fn in fns.values():
-        _sample(fn, calls)  # warm: compiled, memoized
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(pairs):
-        for name in names if r % 2 else names[::-1]:
-            samples[name].append(_sample(fns[name], calls))
-    return {
-        "times": {k: statistics.median(v) for k, v in samples.items()},
-        "extra": {k: statistics.median(a - b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
-        "ratio": {k: statistics.median(a / b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
-    }
+from ._common import paired
 
 
 # -- case 13: what a cached call costs, by argument kind -----------------------------
