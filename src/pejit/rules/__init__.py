@@ -73,6 +73,7 @@ from .. import _compat
 from .._fold_rules import register_fold_rule
 from .branches import fold_cond
 from .calls import fold_checkpoint, fold_jit
+from .custom import fold_custom_jvp, fold_custom_vjp
 from .expansions import fold_dot_general
 from .loops import fold_scan, fold_while
 
@@ -84,6 +85,8 @@ register_fold_rule(_compat.remat_p)(fold_checkpoint)
 register_fold_rule(P.scan_p)(fold_scan)
 register_fold_rule(P.while_p)(fold_while)
 register_fold_rule(P.dot_general_p, deferred=True)(fold_dot_general)
+register_fold_rule(P.custom_vjp_call_p)(fold_custom_vjp)
+register_fold_rule(P.custom_jvp_call_p)(fold_custom_jvp)
 
 # Rules that leave an equation whose inputs are all known (and not lazy) to
 # the default policy: such equations may be folded with a call's known part

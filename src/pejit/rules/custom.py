@@ -1,0 +1,216 @@
+"""Fold rules for ``custom_vjp`` and ``custom_jvp`` calls with known and unknown inputs.
+
+A call whose inputs are all known is folded whole (``Folder.call_inputs``).
+With mixed inputs, the call stays, so its rule keeps governing the
+derivatives of the dynamic inputs, but the known work inside it is folded:
+the residual keeps a new call of the same kind whose primal function is
+the partially evaluated one, taking the folded values (as buffers) and the
+unknown inputs. Its rule is the user's, applied to the known inputs'
+values:
+
+* ``custom_vjp``: the forward rule is partially evaluated too (traced now,
+  for the usual pattern: known inputs unperturbed, unknown ones perturbed;
+  with ``symbolic_zeros`` another pattern runs the user's forward rule on
+  the known values); the backward rule is the user's, its cotangents for
+  the known inputs dropped (they are constants).
+* ``custom_jvp``: the user's JVP rule, on the known inputs' values with
+  zero tangents.
+
+Libraries wrap their solvers in such calls (diffrax's and Equinox's
+checkpointed loops, optimistix's implicit differentiation), so this is
+where a constant matrix factored in a vector field or residual function
+is met.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import jax
+from jax.custom_derivatives import SymbolicZero
+from jax.interpreters import ad
+
+from .. import _compat
+from .._folding import Folder
+from ._hoist import hoist
+
+
+#: Whether a forward rule is being folded (see fold_custom_vjp).
+_in_forward: contextvars.ContextVar[bool] = contextvars.ContextVar("pejit_in_forward", default=False)
+
+
+def _partial(folder: Folder, fun, args):
+    """``fun`` (a flat ``WrappedFun``) traced as JAX traces a custom call's
+    function, then its work on the known ``args`` folded.
+
+    Returns ``(body, hoisted)``: ``body`` takes ``[*hoisted, *unknown args]``;
+    or None when the function closes over unknown values or has effects
+    (the call is then staged as it is).
+    """
+    jaxpr, consts = _compat.trace_jaxpr(fun, [_compat.typeof(a) for a in args])
+    if jaxpr.effects:
+        return None
+    consts = [_known(folder, c) for c in consts]
+    if any(folder.is_staged(c) for c in consts):
+        return None  # closes over a dynamic value: JAX's rules for that stand
+    body = _compat.close_jaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
+    hoisted = hoist(folder, body, [*consts, *args], force=True)
+    if hoisted is None:
+        return None
+    new_body, new_args = hoisted
+    n = len(new_args) - sum(map(folder.is_staged, args))
+    return new_body, new_args[:n]
+
+
+def _known(folder: Folder, x):
+    """``x``'s value if it is known and not lazy, else ``x``."""
+    return folder.materialize(x) if folder.is_known(x) and not folder.is_lazy(x) else x
+
+
+def _stage(trace, method: str, *args, **params):
+    """Stage a custom call of new functions on ``trace``: JAX's staging, not the folding policy."""
+    with _compat.eager_constant_folding(False):
+        return getattr(_compat.DynamicJaxprTrace, method)(trace, *args, **params)
+
+
+def _ct_aval(x):
+    """The cotangent type of ``x``'s type (float0 for integers)."""
+    aval = jax.typeof(x)
+    return aval.to_ct_aval() if hasattr(aval, "to_ct_aval") else aval.to_tangent_aval()
+
+
+def _eval(body, *args):
+    return _compat.eval_jaxpr(body.jaxpr, body.consts, *args)
+
+
+def _reset(fun) -> None:
+    """Let a traced ``WrappedFun`` be traced again (JAX does so before re-tracing a rule)."""
+    for store in getattr(fun, "stores", ()):
+        if store is not None:
+            store.reset()
+
+
+def fold_custom_vjp(folder: Folder, trace, prim, args, params):
+    """Fold the known work of a ``custom_vjp`` call with some unknown inputs."""
+    if not folder.options.calls or all(map(folder.is_staged, args)):
+        return NotImplemented
+    out = _fold_custom_vjp(folder, trace, prim, args, params)
+    if out is NotImplemented:  # staged as it is: JAX traces its functions again
+        for f in params["subfuns"][:2]:
+            _reset(f)
+    return out
+
+
+def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
+    fun, fwd, bwd = params["subfuns"]
+    unknown = [i for i, a in enumerate(args) if folder.is_staged(a)]
+    dyn = [args[i] for i in unknown]
+    primal = _partial(folder, fun, args)
+    if primal is None:
+        return NotImplemented
+    body, hoisted = primal
+
+    # The forward rule, for its usual pattern of perturbed inputs; inside a
+    # forward rule being folded (which calls its own custom_vjp function,
+    # whose forward rule does...), forward rules run later, as written.
+    flags = [folder.is_staged(a) for a in args]
+    lazy = _in_forward.get()
+    forward = None if lazy else _forward(folder, fwd, args, flags)
+    if forward is NotImplemented:
+        return NotImplemented
+    fwd_body, fwd_hoisted = forward or (None, [])
+    out_tree, res_tree, input_fwds = params["out_trees"]() if forward else (None, None, [])
+    # JAX reads the output tree from the primal's store or the forward's,
+    # which must be the only one filled (the backward rule reads the latter).
+    if forward:
+        _reset(fun)
+
+    # The new call's inputs: folded values, known inputs the rules still read, then the unknown ones.
+    symbolic = params["symbolic_zeros"]
+    known_read = [i for i, a in enumerate(args) if not flags[i] and (lazy or symbolic or i in input_fwds)]
+    consts = [*hoisted, *fwd_hoisted, *(args[i] for i in known_read)]
+    n_h, n_f, n_c = len(hoisted), len(fwd_hoisted), len(consts)
+    where = {i: n_c + j for j, i in enumerate(unknown)} | {i: n_h + n_f + j for j, i in enumerate(known_read)}
+    new_fwds = [None if f is None else where[f] for f in input_fwds]
+
+    def out_trees():
+        if lazy:
+            tree, res, fwds = params["out_trees"]()  # filled by the forward rule that ran
+            return tree, res, [None if f is None else where[f] for f in fwds]
+        return out_tree, res_tree, new_fwds
+
+    def new_fun(*xs):
+        return _eval(body, *xs[:n_h], *xs[n_c:])
+
+    def new_fwd(*pairs):
+        xs, perturbed = pairs[::2], pairs[1::2]
+        if not lazy and (not symbolic or all(perturbed[n_c:])):
+            return _eval(fwd_body, *xs[n_h:n_h + n_f], *xs[n_c:])
+        # Another pattern of symbolic zeros: the user's rule on the known values.
+        originals = dict(zip(unknown, zip(xs[n_c:], perturbed[n_c:])))
+        originals.update((i, (xs[where[i]], False)) for i in known_read)
+        _reset(fwd)
+        return fwd.call_wrapped(*[v for i in range(len(args)) for v in originals[i]])
+
+    def new_bwd(*res_cts):
+        cts = bwd.call_wrapped(*res_cts)
+        return [*(ad.Zero(_ct_aval(c)) for c in consts), *(cts[i] for i in unknown)]
+
+    folder.stats.staged[prim.name] += 1
+    new_params = dict(params, out_trees=out_trees)
+    del new_params["subfuns"]
+    return _stage(
+        trace, "process_custom_vjp_call", prim, _compat.wrap_init(new_fun, debug_info=fun.debug_info),
+        _compat.wrap_init(new_fwd, debug_info=fwd.debug_info),
+        _compat.wrap_init(new_bwd, debug_info=bwd.debug_info), [*consts, *dyn], **new_params)
+
+
+def _forward(folder: Folder, fwd, args, flags):
+    """The forward rule ``fwd`` partially evaluated (see :func:`_partial`) for
+    the perturbed inputs ``flags``; None or NotImplemented if it cannot be."""
+    def fwd_of(*xs):
+        return fwd.call_wrapped(*[v for pair in zip(xs, flags) for v in pair])
+
+    token = _in_forward.set(True)
+    try:
+        _reset(fwd)
+        forward = _partial(folder, _compat.wrap_init(fwd_of, debug_info=fwd.debug_info), args)
+    except Exception:  # e.g. a closed-over input perturbed (JAX's CustomVJPException): stage as is
+        return NotImplemented
+    finally:
+        _in_forward.reset(token)
+    return NotImplemented if forward is None else forward
+
+
+def fold_custom_jvp(folder: Folder, trace, prim, args, params):
+    """Fold the known work of a ``custom_jvp`` call with some unknown inputs."""
+    if not folder.options.calls or all(map(folder.is_staged, args)):
+        return NotImplemented
+    fun, jvp = params["subfuns"]
+    unknown = [i for i, a in enumerate(args) if folder.is_staged(a)]
+    known = [i for i, a in enumerate(args) if not folder.is_staged(a)]
+    primal = _partial(folder, fun, args)
+    if primal is None:
+        _reset(fun)  # staged as it is: JAX traces it again
+        return NotImplemented
+    body, hoisted = primal
+    consts = [*hoisted, *(args[i] for i in known)]
+    n_h, n_c, n = len(hoisted), len(consts), len(args)
+
+    def new_fun(*xs):
+        return _eval(body, *xs[:n_h], *xs[n_c:])
+
+    def new_jvp(*xs):
+        primals, tangents = xs[:len(xs) // 2], xs[len(xs) // 2:]
+        values = dict(zip(unknown, primals[n_c:])) | dict(zip(known, primals[n_h:n_c]))
+        dots = dict(zip(unknown, tangents[n_c:]))
+        dots.update((i, SymbolicZero(jax.typeof(values[i]).to_tangent_aval())) for i in known)
+        return jvp.call_wrapped(*(values[i] for i in range(n)), *(dots[i] for i in range(n)))
+
+    folder.stats.staged[prim.name] += 1
+    new_params = dict(params)
+    del new_params["subfuns"]
+    return _stage(
+        trace, "process_custom_jvp_call", prim, _compat.wrap_init(new_fun, debug_info=fun.debug_info),
+        _compat.wrap_init(new_jvp, debug_info=jvp.debug_info), [*consts, *(args[i] for i in unknown)],
+        **new_params)
