@@ -195,7 +195,6 @@ _REQUIRED = [
     (_pe, "DynamicJaxprTrace", "the folding trace's base class"),
     (_pe, "DynamicJaxprTracer", "the folding trace's tracers"),
     (_pe, "convert_constvars_jaxpr", "opening a closed jaxpr"),
-    (_pe, "trace_to_jaxpr_dynamic", "tracing a custom_jvp/custom_vjp call's functions"),
     (_pe, "partial_eval_jaxpr_nounits_fwd", "splitting loop bodies"),
     (_pe, "move_binders_to_back", "splitting loop bodies"),
     (_config, "eager_constant_folding", "scoping JAX's own folding"),
@@ -555,13 +554,6 @@ ensure_no_leaks = core.ensure_no_leaks
 current_source_info = source_info_util.current
 reset_name_stack = source_info_util.reset_name_stack
 convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
-
-
-def trace_jaxpr(fun, in_avals: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
-    """``(jaxpr, consts)`` of a flat ``WrappedFun``, traced as JAX traces a custom call's function."""
-    jaxpr, _, consts = _pe.trace_to_jaxpr_dynamic(fun, in_avals)[:3]
-    return jaxpr, consts
-
 
 
 def var_aval(var: Any) -> Any:

@@ -29,6 +29,7 @@ import contextvars
 import jax
 from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import ad
+from jax.interpreters import partial_eval as pe
 
 from .. import _compat
 from .._folding import Folder
@@ -47,7 +48,7 @@ def _partial(folder: Folder, fun, args):
     or None when the function closes over unknown values or has effects
     (the call is then staged as it is).
     """
-    jaxpr, consts = _compat.trace_jaxpr(fun, [_compat.typeof(a) for a in args])
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(fun, [_compat.typeof(a) for a in args])[:3]
     if jaxpr.effects:
         return None
     consts = [_known(folder, c) for c in consts]
@@ -68,9 +69,15 @@ def _known(folder: Folder, x):
 
 
 def _stage(trace, method: str, *args, **params):
-    """Stage a custom call of new functions on ``trace``: JAX's staging, not the folding policy."""
+    """Stage a custom call of new functions on ``trace``: JAX's staging, not the folding policy.
+
+    Its last positional argument is the inputs: values as ``bind`` passes
+    them on (folded values may be NumPy arrays), or tracers.
+    """
+    *args, inputs = args
+    inputs = [x if isinstance(x, _compat.Tracer) else _compat.canonicalize_value(x) for x in inputs]
     with _compat.eager_constant_folding(False):
-        return getattr(_compat.DynamicJaxprTrace, method)(trace, *args, **params)
+        return getattr(_compat.DynamicJaxprTrace, method)(trace, *args, inputs, **params)
 
 
 def _ct_aval(x):
@@ -110,14 +117,14 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
         return NotImplemented
     body, hoisted = primal
 
-    # The forward rule, for its usual pattern of perturbed inputs; inside a
-    # forward rule being folded (which calls its own custom_vjp function,
-    # whose forward rule does...), forward rules run later, as written.
+    # The forward rule, for its usual pattern of perturbed inputs. It runs
+    # later, as written, on the known values, when it fails for that pattern
+    # (Equinox asserts that its non-differentiable inputs are unperturbed)
+    # and inside a forward rule being folded (which calls its own custom_vjp
+    # function, whose forward rule does...).
     flags = [folder.is_staged(a) for a in args]
-    lazy = _in_forward.get()
-    forward = None if lazy else _forward(folder, fwd, args, flags)
-    if forward is NotImplemented:
-        return NotImplemented
+    forward = None if _in_forward.get() else _forward(folder, fwd, args, flags)
+    lazy = forward is None
     fwd_body, fwd_hoisted = forward or (None, [])
     out_tree, res_tree, input_fwds = params["out_trees"]() if forward else (None, None, [])
     # JAX reads the output tree from the primal's store or the forward's,
@@ -132,6 +139,7 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
     n_h, n_f, n_c = len(hoisted), len(fwd_hoisted), len(consts)
     where = {i: n_c + j for j, i in enumerate(unknown)} | {i: n_h + n_f + j for j, i in enumerate(known_read)}
     new_fwds = [None if f is None else where[f] for f in input_fwds]
+    n, zeros = len(args), [ad.Zero(_ct_aval(c)) for c in consts]  # the closures below hold no values
 
     def out_trees():
         if lazy:
@@ -150,11 +158,11 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
         originals = dict(zip(unknown, zip(xs[n_c:], perturbed[n_c:])))
         originals.update((i, (xs[where[i]], False)) for i in known_read)
         _reset(fwd)
-        return fwd.call_wrapped(*[v for i in range(len(args)) for v in originals[i]])
+        return fwd.call_wrapped(*[v for i in range(n) for v in originals[i]])
 
     def new_bwd(*res_cts):
         cts = bwd.call_wrapped(*res_cts)
-        return [*(ad.Zero(_ct_aval(c)) for c in consts), *(cts[i] for i in unknown)]
+        return [*zeros, *(cts[i] for i in unknown)]
 
     folder.stats.staged[prim.name] += 1
     new_params = dict(params, out_trees=out_trees)
@@ -167,19 +175,19 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
 
 def _forward(folder: Folder, fwd, args, flags):
     """The forward rule ``fwd`` partially evaluated (see :func:`_partial`) for
-    the perturbed inputs ``flags``; None or NotImplemented if it cannot be."""
+    the perturbed inputs ``flags``, or None if it cannot be."""
     def fwd_of(*xs):
         return fwd.call_wrapped(*[v for pair in zip(xs, flags) for v in pair])
 
     token = _in_forward.set(True)
     try:
         _reset(fwd)
-        forward = _partial(folder, _compat.wrap_init(fwd_of, debug_info=fwd.debug_info), args)
-    except Exception:  # e.g. a closed-over input perturbed (JAX's CustomVJPException): stage as is
-        return NotImplemented
+        return _partial(folder, _compat.wrap_init(fwd_of, debug_info=fwd.debug_info), args)
+    except Exception:  # the rule rejects this pattern; JAX's CustomVJPException for a perturbed closure
+        _reset(fwd)
+        return None
     finally:
         _in_forward.reset(token)
-    return NotImplemented if forward is None else forward
 
 
 def fold_custom_jvp(folder: Folder, trace, prim, args, params):
@@ -196,6 +204,7 @@ def fold_custom_jvp(folder: Folder, trace, prim, args, params):
     body, hoisted = primal
     consts = [*hoisted, *(args[i] for i in known)]
     n_h, n_c, n = len(hoisted), len(consts), len(args)
+    tangent_avals = {i: jax.typeof(args[i]).to_tangent_aval() for i in known}  # the closures hold no values
 
     def new_fun(*xs):
         return _eval(body, *xs[:n_h], *xs[n_c:])
@@ -204,7 +213,7 @@ def fold_custom_jvp(folder: Folder, trace, prim, args, params):
         primals, tangents = xs[:len(xs) // 2], xs[len(xs) // 2:]
         values = dict(zip(unknown, primals[n_c:])) | dict(zip(known, primals[n_h:n_c]))
         dots = dict(zip(unknown, tangents[n_c:]))
-        dots.update((i, SymbolicZero(jax.typeof(values[i]).to_tangent_aval())) for i in known)
+        dots.update((i, SymbolicZero(tangent_avals[i])) for i in known)
         return jvp.call_wrapped(*(values[i] for i in range(n)), *(dots[i] for i in range(n)))
 
     folder.stats.staged[prim.name] += 1
