@@ -177,6 +177,16 @@ def test_equinox_filter_custom_vjp():
 
 
 # -- custom_jvp ------------------------------------------------------------------------------
+def test_custom_jvp_with_an_integer_constant():
+    @jax.custom_jvp
+    def f(n, a, x):
+        return jnp.linalg.inv(a) @ x * n
+
+    f.defjvp(lambda p, t: (f(*p), 2.0 * p[0] * jnp.linalg.inv(p[1]) @ t[2]))
+    g = lambda c, x: f(c[0], c[1], x)  # noqa: E731
+    check(g, (3, A), X)
+
+
 @jax.custom_jvp
 def inv_apply_jvp(a, x):
     return jnp.linalg.inv(a) @ x
@@ -257,3 +267,48 @@ def test_vmap_and_jit_of_the_folded_call():
     close(jax.vmap(lambda x: pf(A, x))(xs), jax.vmap(lambda x: inv_apply(A, x))(xs))
     grad = jax.jit(jax.grad(lambda x: pf(A, x).sum()))
     close(grad(X), jax.grad(lambda x: inv_apply(A, x).sum())(X))
+
+
+# -- custom_linear_solve and custom_root ----------------------------------------------------
+def test_solve_with_a_constant_matrix_is_one_product():
+    f = lambda a, x: jnp.linalg.solve(a, x)  # noqa: E731  (lax.custom_linear_solve inside)
+    names = check(f, A, X)
+    assert "custom_linear_solve" not in names and "triangular_solve" not in names
+    assert names.count("dot_general") == 1
+
+
+def test_solve_of_a_constant_product_reassociates():
+    K = jnp.asarray(rng.standard_normal((5, 5)), jnp.float32)
+    f = lambda mk, y: -jnp.linalg.solve(mk[0], mk[1] @ y)  # noqa: E731  (a vector field)
+    pf = pejit(f, constant_argnums=0)
+    close(pf((A, K), X), jax.jit(f)((A, K), X))
+    close(jax.grad(lambda y: pf((A, K), y).sum())(X), jax.grad(lambda y: f((A, K), y).sum())(X))
+    names = residual_names(f, (A, K), X)
+    assert names.count("dot_general") == 1 and not {"triangular_solve", "custom_linear_solve"} & set(names)
+
+
+def test_custom_linear_solve_with_a_user_solve():
+    def f(a, b):
+        matvec = lambda x: a @ x  # noqa: E731
+        solve = lambda mv, b: jnp.linalg.inv(a) @ b  # noqa: E731
+        return lax.custom_linear_solve(matvec, b, solve, symmetric=False, transpose_solve=lambda mv, b: jnp.linalg.inv(a).T @ b)
+
+    names = check(f, A, X)
+    assert names.count("dot_general") == 1
+
+
+def test_custom_root_with_constant_work():
+    def f(a, b):
+        def fn(x):
+            return jnp.linalg.inv(a) @ (x + 0.1 * x ** 3) - b
+
+        def newton(fn, x0):
+            return lax.fori_loop(0, 20, lambda i, x: x - jnp.linalg.solve(jax.jacfwd(fn)(x), fn(x)), x0)
+
+        return lax.custom_root(fn, jnp.zeros_like(b), newton, lambda g, y: jnp.linalg.solve(jax.jacfwd(g)(y), y))
+
+    pf = pejit(f, constant_argnums=0)
+    close(pf(A, X), jax.jit(f)(A, X), rtol=1e-4)
+    close(jax.grad(lambda b: pf(A, b).sum())(X), jax.grad(lambda b: f(A, b).sum())(X), rtol=1e-4)
+    # The Jacobian at each iterate needs an LU; inv(a)'s (in fn, in the Jacobian) folds.
+    assert residual_names(f, A, X).count("lu") < residual_names(f, A, X, calls=False).count("lu")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextvars
 
 import jax
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import ad
 from jax.interpreters import partial_eval as pe
@@ -84,6 +85,13 @@ def _ct_aval(x):
     """The cotangent type of ``x``'s type (float0 for integers)."""
     aval = jax.typeof(x)
     return aval.to_ct_aval() if hasattr(aval, "to_ct_aval") else aval.to_tangent_aval()
+
+
+def _zeros(aval):
+    """Zeros of a tangent type (float0 ones are NumPy's: JAX has no float0 arrays)."""
+    if aval.dtype == jax.dtypes.float0:
+        return np.zeros(aval.shape, aval.dtype)
+    return jax.numpy.zeros(aval.shape, aval.dtype)
 
 
 def _eval(body, *args):
@@ -205,6 +213,7 @@ def fold_custom_jvp(folder: Folder, trace, prim, args, params):
     consts = [*hoisted, *(args[i] for i in known)]
     n_h, n_c, n = len(hoisted), len(consts), len(args)
     tangent_avals = {i: jax.typeof(args[i]).to_tangent_aval() for i in known}  # the closures hold no values
+    symbolic = params["symbolic_zeros"]  # else the rule gets zeros as arrays, as JAX gives them
 
     def new_fun(*xs):
         return _eval(body, *xs[:n_h], *xs[n_c:])
@@ -213,7 +222,7 @@ def fold_custom_jvp(folder: Folder, trace, prim, args, params):
         primals, tangents = xs[:len(xs) // 2], xs[len(xs) // 2:]
         values = dict(zip(unknown, primals[n_c:])) | dict(zip(known, primals[n_h:n_c]))
         dots = dict(zip(unknown, tangents[n_c:]))
-        dots.update((i, SymbolicZero(tangent_avals[i])) for i in known)
+        dots.update((i, SymbolicZero(tangent_avals[i]) if symbolic else _zeros(tangent_avals[i])) for i in known)
         return jvp.call_wrapped(*(values[i] for i in range(n)), *(dots[i] for i in range(n)))
 
     folder.stats.staged[prim.name] += 1
