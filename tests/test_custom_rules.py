@@ -275,6 +275,8 @@ def test_solve_with_a_constant_matrix_is_one_product():
     names = check(f, A, X)
     assert "custom_linear_solve" not in names and "triangular_solve" not in names
     assert names.count("dot_general") == 1
+    kept = residual_names(f, A, X, affine=False)  # residual algebra off: the solve stays
+    assert "custom_linear_solve" in kept and "lu" not in kept
 
 
 def test_solve_of_a_constant_product_reassociates():

@@ -245,16 +245,19 @@ def fold_linear_solve(folder: Folder, trace, prim, args, params):
     derivatives agree: the solve is linear in the vector, and the operator
     is a constant. A vector that is itself ``C @ y`` for a known ``C`` is
     solved as ``(A^-1 C) @ y``: a vector field ``solve(M, K @ y)`` costs
-    one product, as if ``M^-1 K`` had been computed by hand.
+    one product, as if ``M^-1 K`` had been computed by hand. This is
+    residual algebra (docs/numerics.md): switched with
+    ``FoldOptions.affine``, for inverses up to ``affine_max_bytes``.
     """
     n_consts = sum(params["const_lengths"])
     consts, b = args[:n_consts], args[n_consts:]
     solve = params["jaxprs"].solve
-    if (not folder.options.calls or len(b) != 1 or solve is None or not all(map(folder.is_known, consts))
+    if (not folder.options.affine or len(b) != 1 or solve is None or not all(map(folder.is_known, consts))
             or folder.is_known(b[0]) or len(solve.out_avals) != 1):
         return NotImplemented
     aval = _compat.typeof(b[0])
-    if aval.ndim != 1 or solve.out_avals[0].shape != aval.shape or not jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact):
+    if (aval.ndim != 1 or solve.out_avals[0].shape != aval.shape or not jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+            or aval.size ** 2 * aval.dtype.itemsize > folder.options.affine_max_bytes):
         return NotImplemented
     start = params["const_lengths"].matvec + params["const_lengths"].vecmat
     solve_consts = consts[start:start + params["const_lengths"].solve]
