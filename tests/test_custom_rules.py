@@ -314,3 +314,13 @@ def test_custom_root_with_constant_work():
     close(jax.grad(lambda b: pf(A, b).sum())(X), jax.grad(lambda b: f(A, b).sum())(X), rtol=1e-4)
     # The Jacobian at each iterate needs an LU; inv(a)'s (in fn, in the Jacobian) folds.
     assert residual_names(f, A, X).count("lu") < residual_names(f, A, X, calls=False).count("lu")
+
+
+def test_backward_rule_work_on_constant_residuals_folds():
+    # _inv_apply_bwd inverts its residual a, a constant: that folds too (the grad program keeps no LU)
+    pf = pejit(inv_apply, constant_argnums=0)
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(pf(A, x))))
+    close(grad(X), jax.grad(lambda x: jnp.sum(jnp.sin(inv_apply(A, x))))(X))
+    assert not FACTORIZATIONS & set(primitive_names(jax.make_jaxpr(grad)(X).jaxpr))
+    off = pejit(inv_apply, constant_argnums=0, fold_options=FoldOptions(calls=False))
+    assert "lu" in primitive_names(jax.make_jaxpr(jax.grad(lambda x: off(A, x).sum()))(X).jaxpr)

@@ -34,7 +34,7 @@ from jax.interpreters import partial_eval as pe
 
 from .. import _compat
 from .._folding import Folder
-from ._hoist import hoist
+from ._hoist import DYNAMIC, hoist
 
 
 #: Whether a forward rule is being folded (see fold_custom_vjp).
@@ -83,8 +83,7 @@ def _stage(trace, method: str, *args, **params):
 
 def _ct_aval(x):
     """The cotangent type of ``x``'s type (float0 for integers)."""
-    aval = jax.typeof(x)
-    return aval.to_ct_aval() if hasattr(aval, "to_ct_aval") else aval.to_tangent_aval()
+    return _ct_aval_of(jax.typeof(x))
 
 
 def _zeros(aval):
@@ -140,20 +139,30 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
     if forward:
         _reset(fun)
 
-    # The new call's inputs: folded values, known inputs the rules still read, then the unknown ones.
+    # The backward rule, its work on the residuals that are constants folded.
     symbolic = params["symbolic_zeros"]
+    backward = None if lazy or symbolic else _backward(folder, bwd, args, unknown, flags, body, forward,
+                                                          res_tree.num_leaves, input_fwds)
+    bwd_body, bwd_consts, known_res, ct_zeros = backward or (None, [], {}, [])
+    folded_bwd, known_res = backward is not None, frozenset(known_res)  # the closures hold no values
+
+    # The new call's inputs: folded values, known inputs the rules still
+    # read, the backward rule's folded values, then the unknown inputs.
     known_read = [i for i, a in enumerate(args) if not flags[i] and (lazy or symbolic or i in input_fwds)]
-    consts = [*hoisted, *fwd_hoisted, *(args[i] for i in known_read)]
-    n_h, n_f, n_c = len(hoisted), len(fwd_hoisted), len(consts)
+    consts = [*hoisted, *fwd_hoisted, *(args[i] for i in known_read), *bwd_consts]
+    n_h, n_f, n_c, n_b = len(hoisted), len(fwd_hoisted), len(consts), len(bwd_consts)
     where = {i: n_c + j for j, i in enumerate(unknown)} | {i: n_h + n_f + j for j, i in enumerate(known_read)}
-    new_fwds = [None if f is None else where[f] for f in input_fwds]
-    n, zeros = len(args), [ad.Zero(_ct_aval(c)) for c in consts]  # the closures below hold no values
+    # The backward rule's values reach it as residuals forwarded from the inputs.
+    new_fwds = [*(None if f is None else where[f] for f in input_fwds), *range(n_c - n_b, n_c)]
+    n_res = len(input_fwds)
+    new_res_tree = jax.tree_util.tree_structure([0] * (n_res + n_b)) if folded_bwd else res_tree
+    n, zeros = len(args), [ad.Zero(_ct_aval(c)) for c in consts]
 
     def out_trees():
         if lazy:
             tree, res, fwds = params["out_trees"]()  # filled by the forward rule that ran
             return tree, res, [None if f is None else where[f] for f in fwds]
-        return out_tree, res_tree, new_fwds
+        return out_tree, new_res_tree, new_fwds
 
     def new_fun(*xs):
         return _eval(body, *xs[:n_h], *xs[n_c:])
@@ -169,8 +178,13 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
         return fwd.call_wrapped(*[v for i in range(n) for v in originals[i]])
 
     def new_bwd(*res_cts):
-        cts = bwd.call_wrapped(*res_cts)
-        return [*zeros, *(cts[i] for i in unknown)]
+        if not folded_bwd:
+            cts = bwd.call_wrapped(*res_cts)
+            return [*zeros, *(cts[i] for i in unknown)]
+        res, values, cts = res_cts[:n_res], res_cts[n_res:n_res + n_b], res_cts[n_res + n_b:]
+        dyn = [r for i, r in enumerate(res) if i not in known_res]
+        outs = iter(_eval(bwd_body, *values, *dyn, *cts))
+        return [*zeros, *(z if z is not None else next(outs) for z in ct_zeros)]
 
     folder.stats.staged[prim.name] += 1
     new_params = dict(params, out_trees=out_trees)
@@ -196,6 +210,63 @@ def _forward(folder: Folder, fwd, args, flags):
         return None
     finally:
         _in_forward.reset(token)
+
+
+def _backward(folder: Folder, bwd, args, unknown, flags, body, forward, n_res: int, input_fwds):
+    """The backward rule partially evaluated on the residuals the folded forward rule
+    leaves known (folded values, known inputs forwarded), or None.
+
+    Returns ``(body, consts, known, zeros)``: ``body`` takes ``consts`` (the
+    call passes them to it as extra residuals), then the other residuals
+    and the cotangents, and gives the unknown inputs' cotangents that are
+    not ``zeros[j]`` (a symbolic zero, else None).
+    """
+    fwd_body, fwd_hoisted = forward
+    inner = fwd_body.jaxpr
+    hoisted_vars = inner.invars[:len(fwd_hoisted)]
+    pruned = iter(inner.outvars)
+    known, avals = {}, []
+    for i, f in enumerate(input_fwds):
+        if f is not None:
+            avals.append(_compat.typeof(args[f]))
+            if not flags[f]:
+                known[i] = args[f]
+            continue
+        v = next(pruned)
+        avals.append(_compat.var_aval(v) if isinstance(v, _compat.Var) else _compat.typeof(v.val))
+        if isinstance(v, _compat.Literal):
+            known[i] = v.val
+        elif v in hoisted_vars:
+            known[i] = fwd_hoisted[hoisted_vars.index(v)]
+    if not known:
+        return None
+    ct_avals = [_ct_aval_of(a) for a in body.out_avals]
+    zeros: list = []
+
+    def grads(*xs):
+        cts = bwd.call_wrapped(*xs)
+        zeros[:] = [cts[i] if type(cts[i]) is ad.Zero else None for i in unknown]
+        return [cts[i] for i in unknown if type(cts[i]) is not ad.Zero]
+
+    try:
+        fun = _compat.wrap_init(grads, debug_info=bwd.debug_info)
+        jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(fun, [*avals, *ct_avals])[:3]
+    except Exception:  # the rule needs what tracing does not give it (values, symbolic zeros)
+        return None
+    consts = [_known(folder, c) for c in consts]
+    if jaxpr.effects or any(folder.is_staged(c) for c in consts):
+        return None
+    closed = _compat.close_jaxpr(_compat.convert_constvars_jaxpr(jaxpr), ())
+    inputs = [*consts, *(known.get(i, DYNAMIC) for i in range(n_res)), *[DYNAMIC] * len(ct_avals)]
+    hoisted = hoist(folder, closed, inputs)
+    if hoisted is None:
+        return None
+    new_body, new_args = hoisted
+    return new_body, [a for a in new_args if a is not DYNAMIC], known, zeros
+
+
+def _ct_aval_of(aval):
+    return aval.to_ct_aval() if hasattr(aval, "to_ct_aval") else aval.to_tangent_aval()
 
 
 def fold_custom_jvp(folder: Folder, trace, prim, args, params):
