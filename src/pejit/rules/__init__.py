@@ -28,8 +28,10 @@ The passes, in one place:
   ``jax.checkpoint`` keeps its place (and its rematerialization policy for
   the dynamic inputs) with the known work inside it folded.
   ``custom_jvp``/``custom_vjp`` calls are folded when all their inputs are
-  known and otherwise kept whole, so their custom rule keeps governing
-  derivatives of the dynamic inputs (not switchable: nothing to turn off).
+  known; otherwise (:mod:`.custom`) the call is kept, with the known work
+  of its function (and of a ``custom_vjp``'s forward and backward rules)
+  folded, so its custom rule keeps governing derivatives of the dynamic
+  inputs. ``lax.custom_root`` is such a call.
 ``loops`` (:mod:`.loops`)
   Loop-invariant work in ``scan``/``while_loop``/``fori_loop`` bodies and
   while conditions is hoisted out and folded once; carries that stay known
@@ -53,8 +55,9 @@ The passes, in one place:
   uniform ones that only fusing equations read become broadcasts of a
   literal (:class:`~pejit._residual.SharePlan`).
 
-``affine`` (:mod:`pejit._affine`, :mod:`pejit._collapse`, :mod:`.expansions`)
-  Residual algebra. After folding, each connected region of the residual
+``affine`` (:mod:`pejit._affine`, :mod:`pejit._collapse`, :mod:`.expansions`, :mod:`.custom`)
+  Residual algebra. ``lax.custom_linear_solve`` with a known operator and
+  an unknown vector becomes a product with the folded inverse. After folding, each connected region of the residual
   program that is affine in the dynamic inputs (by the rules of
   :mod:`.affine`, one per primitive) is replaced by one matrix and one
   offset per output, where that is cheaper per call and the matrix fits
