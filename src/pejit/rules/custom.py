@@ -1,4 +1,5 @@
-"""Fold rules for ``custom_vjp`` and ``custom_jvp`` calls with known and unknown inputs.
+"""Fold rules for ``custom_vjp``/``custom_jvp`` calls with known and unknown inputs,
+and for ``custom_linear_solve`` of a known operator.
 
 A call whose inputs are all known is folded whole (``Folder.call_inputs``).
 With mixed inputs, the call stays, so its rule keeps governing the
@@ -10,16 +11,18 @@ values:
 
 * ``custom_vjp``: the forward rule is partially evaluated too (traced now,
   for the usual pattern: known inputs unperturbed, unknown ones perturbed;
-  with ``symbolic_zeros`` another pattern runs the user's forward rule on
-  the known values); the backward rule is the user's, its cotangents for
-  the known inputs dropped (they are constants).
+  with ``symbolic_zeros`` another pattern, or where the rule rejects that
+  one, the user's forward rule runs later on the known values); so is the
+  backward rule, on the residuals that the folded forward rule leaves
+  constant. Its cotangents for the known inputs are dropped (constants).
 * ``custom_jvp``: the user's JVP rule, on the known inputs' values with
-  zero tangents.
+  zero tangents (``lax.custom_root`` is such a call).
 
 Libraries wrap their solvers in such calls (diffrax's and Equinox's
 checkpointed loops, optimistix's implicit differentiation), so this is
 where a constant matrix factored in a vector field or residual function
-is met.
+is met. The rules close over no values: a folding program traced with
+abstract constants (``pejit._abstract``) can hold such a call.
 """
 
 from __future__ import annotations
