@@ -293,7 +293,8 @@ def test_custom_linear_solve_with_a_user_solve():
     def f(a, b):
         matvec = lambda x: a @ x  # noqa: E731
         solve = lambda mv, b: jnp.linalg.inv(a) @ b  # noqa: E731
-        return lax.custom_linear_solve(matvec, b, solve, symmetric=False, transpose_solve=lambda mv, b: jnp.linalg.inv(a).T @ b)
+        transpose_solve = lambda mv, b: jnp.linalg.inv(a).T @ b  # noqa: E731
+        return lax.custom_linear_solve(matvec, b, solve, symmetric=False, transpose_solve=transpose_solve)
 
     names = check(f, A, X)
     assert names.count("dot_general") == 1

@@ -96,6 +96,12 @@ def _zeros(aval):
     return jax.numpy.zeros(aval.shape, aval.dtype)
 
 
+def _unnamed(fun, body):
+    """``fun``'s debug info for a new function computing ``body``: JAX 0.7 reads
+    result paths from ``fun``'s output store, which the rule may empty."""
+    return _compat.with_result_paths(fun.debug_info, ("",) * len(body.out_avals))
+
+
 def _eval(body, *args):
     return _compat.eval_jaxpr(body.jaxpr, body.consts, *args)
 
@@ -193,7 +199,8 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
     new_params = dict(params, out_trees=out_trees)
     del new_params["subfuns"]
     return _stage(
-        trace, "process_custom_vjp_call", prim, _compat.wrap_init(new_fun, debug_info=fun.debug_info),
+        trace, "process_custom_vjp_call", prim,
+        _compat.wrap_init(new_fun, debug_info=_unnamed(fun, body)),
         _compat.wrap_init(new_fwd, debug_info=fwd.debug_info),
         _compat.wrap_init(new_bwd, debug_info=bwd.debug_info), [*consts, *dyn], **new_params)
 
@@ -303,7 +310,8 @@ def fold_custom_jvp(folder: Folder, trace, prim, args, params):
     new_params = dict(params)
     del new_params["subfuns"]
     return _stage(
-        trace, "process_custom_jvp_call", prim, _compat.wrap_init(new_fun, debug_info=fun.debug_info),
+        trace, "process_custom_jvp_call", prim,
+        _compat.wrap_init(new_fun, debug_info=_unnamed(fun, body)),
         _compat.wrap_init(new_jvp, debug_info=jvp.debug_info), [*consts, *(args[i] for i in unknown)],
         **new_params)
 
@@ -330,7 +338,8 @@ def fold_linear_solve(folder: Folder, trace, prim, args, params):
             or folder.is_known(b[0]) or len(solve.out_avals) != 1):
         return NotImplemented
     aval = _compat.typeof(b[0])
-    if (aval.ndim != 1 or solve.out_avals[0].shape != aval.shape or not jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+    if (aval.ndim != 1 or solve.out_avals[0].shape != aval.shape
+            or not jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
             or aval.size ** 2 * aval.dtype.itemsize > folder.options.affine_max_bytes):
         return NotImplemented
     start = params["const_lengths"].matvec + params["const_lengths"].vecmat
@@ -347,12 +356,14 @@ def fold_linear_solve(folder: Folder, trace, prim, args, params):
 
 def _known_product(folder: Folder, trace, x):
     """``(C, y)`` if ``x`` was staged as ``C @ y`` (a matrix-vector product) with ``C`` known; else Nones."""
-    eqn = getattr(x, "parent", None)
-    if getattr(eqn, "primitive", None) is not jax.lax.dot_general_p or len(eqn.in_tracers) != 2:
+    eqn = getattr(x, "parent", None)  # the staged equation that made x (a TracingEqn)
+    inputs = getattr(eqn, "in_tracers", ())
+    if getattr(eqn, "primitive", None) is not jax.lax.dot_general_p or len(inputs) != 2:
         return None, None
     (contract, batch) = eqn.params["dimension_numbers"]
-    c, y = (folder._known_value(trace, t) for t in eqn.in_tracers)
+    c, y = (t if _compat.const_of(trace, t) is None else _compat.const_of(trace, t) for t in inputs)
     if (contract != ((1,), (0,)) or batch != ((), ()) or not folder.is_known(c) or folder.is_known(y)
-            or jax.numpy.ndim(c) != 2 or jax.numpy.ndim(y) != 1 or eqn.params.get("preferred_element_type") not in (None, x.dtype)):
+            or jax.numpy.ndim(c) != 2 or jax.numpy.ndim(y) != 1
+            or eqn.params.get("preferred_element_type") not in (None, x.dtype)):
         return None, None
     return folder.materialize(c), y
