@@ -313,6 +313,8 @@ def test_custom_root_with_constant_work():
     pf = pejit(f, constant_argnums=0)
     close(pf(A, X), jax.jit(f)(A, X), rtol=1e-4)
     close(jax.grad(lambda b: pf(A, b).sum())(X), jax.grad(lambda b: f(A, b).sum())(X), rtol=1e-4)
+    if "custom_jvp_call" not in primitive_names(jax.make_jaxpr(f)(A, X).jaxpr):
+        pytest.skip("this JAX's lax.custom_root is not a custom_jvp call (0.12: a hi primitive, kept whole)")
     # The Jacobian at each iterate needs an LU; inv(a)'s (in fn, in the Jacobian) folds.
     assert residual_names(f, A, X).count("lu") < residual_names(f, A, X, calls=False).count("lu")
 

@@ -40,6 +40,9 @@ from .._folding import Folder
 from ._hoist import DYNAMIC, hoist
 
 
+#: Whether backward rules return ``(cotangents, logs)`` (JAX 0.12's ``defvjp_with_logs``), not cotangents.
+_BWD_LOGS = hasattr(jax.custom_vjp, "defvjp_with_logs")
+
 #: Whether a forward rule is being folded (see fold_custom_vjp).
 _in_forward: contextvars.ContextVar[bool] = contextvars.ContextVar("pejit_in_forward", default=False)
 
@@ -188,12 +191,14 @@ def _fold_custom_vjp(folder: Folder, trace, prim, args, params):
 
     def new_bwd(*res_cts):
         if not folded_bwd:
-            cts = bwd.call_wrapped(*res_cts)
-            return [*zeros, *(cts[i] for i in unknown)]
+            cts, logs = bwd.call_wrapped(*res_cts) if _BWD_LOGS else (bwd.call_wrapped(*res_cts), None)
+            out = [*zeros, *(cts[i] for i in unknown)]
+            return (out, logs) if _BWD_LOGS else out
         res, values, cts = res_cts[:n_res], res_cts[n_res:n_res + n_b], res_cts[n_res + n_b:]
         dyn = [r for i, r in enumerate(res) if i not in known_res]
         outs = iter(_eval(bwd_body, *values, *dyn, *cts))
-        return [*zeros, *(z if z is not None else next(outs) for z in ct_zeros)]
+        out = [*zeros, *(z if z is not None else next(outs) for z in ct_zeros)]
+        return (out, None) if _BWD_LOGS else out
 
     folder.stats.staged[prim.name] += 1
     new_params = dict(params, out_trees=out_trees)
@@ -254,7 +259,9 @@ def _backward(folder: Folder, bwd, args, unknown, flags, body, forward, n_res: i
     zeros: list = []
 
     def grads(*xs):
-        cts = bwd.call_wrapped(*xs)
+        cts, logs = bwd.call_wrapped(*xs) if _BWD_LOGS else (bwd.call_wrapped(*xs), None)
+        if logs:
+            raise ValueError("a backward rule with logs is not folded")
         zeros[:] = [cts[i] if type(cts[i]) is ad.Zero else None for i in unknown]
         return [cts[i] for i in unknown if type(cts[i]) is not ad.Zero]
 
