@@ -22,15 +22,27 @@ alternation (fair on a loaded machine), on the same inputs:
   constant (``M^-1 K`` folds).
 
 For optimistix and diffrax a second pair of rows writes the work on
-constants inside the residual function / vector field, where pejit does not
-fold it (it sits in the library's ``custom_jvp``/``custom_vjp`` call, which
-also takes dynamic arguments).
+constants inside the residual function / vector field, inside the library's
+``custom_jvp``/``custom_vjp`` call, which also takes dynamic arguments.
+
+``--custom`` runs the cases of issue 47 instead (constant work inside
+``custom_vjp``/``custom_jvp`` calls that also take dynamic arguments), each
+against ``jax.jit`` and the hand-folded program (the constant work done once
+by hand, then ``jax.jit``), with median times of interleaved rounds:
+
+* diffrax, as the issue writes it: ``-solve(M, K @ y)`` in the vector field,
+  ``M``, ``K`` constant 200x200, Tsit5, 20 steps; hand-folded: ``solve(M, K)``
+  once, ``-(a @ y)`` in the field;
+* optimistix: a Newton root find whose residual function applies ``inv(B)``
+  of a constant 200x200 ``B``; hand-folded: ``inv(B)`` passed in;
+* Equinox: an ``eqx.filter_custom_vjp`` solve with a constant 500x500
+  matrix on 16 right-hand sides; hand-folded: the LU factors passed in.
 
 Every variant gets the constants as arguments (for the library's jit, as the
 library's documentation passes them); pejit's are folded. Prints ms per call
 and the ratio library jit / pejit (the gain).
 
-Run: ``python benchmarks/libraries.py``
+Run: ``python benchmarks/libraries.py`` (or ``--custom``)
 """
 
 import os
@@ -227,6 +239,113 @@ def diffrax_case():
     ]
 
 
+def median_ms(fns: dict, number: int, rounds=7) -> dict:
+    """Median over interleaved rounds of each function's mean time per call (ms)."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(timeit.timeit(lambda: jax.block_until_ready(fn()), number=number) / number * 1e3)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def _mesh(n):
+    eye = lambda k: np.eye(n, k=k, dtype=np.float32)  # noqa: E731
+    return jnp.asarray((4 * eye(0) + eye(1) + eye(-1)) / 6), jnp.asarray((2 * eye(0) - eye(1) - eye(-1)) * 0.1)
+
+
+def diffrax_custom_case():
+    import diffrax
+
+    M, K = _mesh(200)
+    y0 = jnp.asarray(np.sin(np.linspace(0, np.pi, 200)).astype(np.float32))
+
+    def ode(M, K, y0):  # M, K constant 200 x 200; the vector field solves with M (issue 47, as written)
+        term = diffrax.ODETerm(lambda t, y, a: -jnp.linalg.solve(a[0], a[1] @ y))
+        return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0., 1., 0.05, y0, args=(M, K)).ys
+
+    def by_hand(a, y0):
+        term = diffrax.ODETerm(lambda t, y, a: -(a @ y))
+        return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0., 1., 0.05, y0, args=a).ys
+
+    a = jnp.linalg.solve(M, K)
+    jj, pj, hj = jax.jit(ode), pejit(ode, constant_argnums=(0, 1)), jax.jit(by_hand)
+    check(pj(M, K, y0), jj(M, K, y0), 1e-4)
+    check(hj(a, y0), jj(M, K, y0), 1e-4)
+    return "diffrax, solve(M, K @ y) in the field", {
+        "jax.jit": lambda: jj(M, K, y0), "pejit": lambda: pj(M, K, y0), "hand-folded": lambda: hj(a, y0)}
+
+
+def optimistix_custom_case():
+    import optimistix as optx
+
+    n = 200
+    B = jnp.asarray(rng.standard_normal((n, n)).astype(np.float32) / np.sqrt(n) + 3 * np.eye(n, dtype=np.float32))
+    b = jnp.asarray(rng.standard_normal(n).astype(np.float32))
+    solver = optx.Newton(rtol=1e-5, atol=1e-5)
+
+    def root(B, b):  # the residual function applies inv(B), B constant
+        fn = lambda y, b: jnp.linalg.inv(B) @ (y + 0.1 * y ** 3) - b  # noqa: E731
+        return optx.root_find(fn, solver, jnp.zeros(n), args=b, max_steps=32).value
+
+    def by_hand(Binv, b):
+        fn = lambda y, b: Binv @ (y + 0.1 * y ** 3) - b  # noqa: E731
+        return optx.root_find(fn, solver, jnp.zeros(n), args=b, max_steps=32).value
+
+    Binv = jnp.linalg.inv(B)
+    jj, pj, hj = jax.jit(root), pejit(root, constant_argnums=0), jax.jit(by_hand)
+    check(pj(B, b), jj(B, b), 1e-3)
+    check(hj(Binv, b), jj(B, b), 1e-3)
+    return "optimistix Newton, inv(B) in fn", {
+        "jax.jit": lambda: jj(B, b), "pejit": lambda: pj(B, b), "hand-folded": lambda: hj(Binv, b)}
+
+
+def equinox_custom_case():
+    import equinox as eqx
+
+    n = 500
+    A = jnp.asarray(rng.standard_normal((n, n)).astype(np.float32) / np.sqrt(n) + 3 * np.eye(n, dtype=np.float32))
+    x = jnp.asarray(rng.standard_normal((n, 16)).astype(np.float32))
+
+    def make(factor):
+        @eqx.filter_custom_vjp
+        def solve(vjp_arg, a):
+            return jax.scipy.linalg.lu_solve(factor(a), vjp_arg)
+
+        @solve.def_fwd
+        def fwd(perturbed, vjp_arg, a):
+            lu = factor(a)
+            return jax.scipy.linalg.lu_solve(lu, vjp_arg), lu
+
+        @solve.def_bwd
+        def bwd(lu, g, perturbed, vjp_arg, a):
+            return jax.scipy.linalg.lu_solve(lu, g, trans=1)
+
+        return solve
+
+    solve, solve_by_hand = make(jax.scipy.linalg.lu_factor), make(lambda lu: lu)
+    f = lambda A, x: solve(x, A)  # noqa: E731
+    by_hand = lambda lu, x: solve_by_hand(x, lu)  # noqa: E731
+    lu = jax.scipy.linalg.lu_factor(A)
+    jj, pj, hj = jax.jit(f), pejit(f, constant_argnums=0), jax.jit(by_hand)
+    check(pj(A, x), jj(A, x), 1e-3)
+    check(hj(lu, x), jj(A, x), 1e-3)
+    return "Equinox filter_custom_vjp solve", {
+        "jax.jit": lambda: jj(A, x), "pejit": lambda: pj(A, x), "hand-folded": lambda: hj(lu, x)}
+
+
+def custom_main():
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}; ms per call, median of 7 interleaved rounds")
+    print(f"{'case':<40}{'variant':<14}{'ms':>9}{'jit/this':>10}{'this/hand':>11}")
+    for case in (diffrax_custom_case, optimistix_custom_case, equinox_custom_case):
+        name, fns = case()
+        t = median_ms(fns, number=max(3, int(0.2 / max(1e-4, best_ms(fns["jax.jit"], 1) / 1e3))))
+        for variant, ms in t.items():
+            print(f"{name:<40}{variant:<14}{ms:9.3f}{t['jax.jit'] / ms:9.2f}x{ms / t['hand-folded']:10.2f}x",
+                  flush=True)
+
+
 def main():
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}; ms per call, best of interleaved runs")
     print(f"{'case':<36}{'variant':<24}{'ms':>9}{'ratio':>9}")
@@ -247,4 +366,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    custom_main() if "--custom" in sys.argv else main()

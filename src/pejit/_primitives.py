@@ -7,6 +7,7 @@ counts elementwise work. Each reads its kinds here.
 
 from __future__ import annotations
 
+from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.core import primitives as P
 
 #: Primitives that only move, replicate or create data cheaply: folding them
@@ -71,6 +72,17 @@ CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call
 
 #: Call-like primitives, by name: fusible when everything they call is.
 CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
+
+
+def custom_calls(jaxpr) -> int:
+    """How many custom_jvp/custom_vjp calls ``jaxpr`` makes, its sub-jaxprs' included."""
+    n = 0
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        n += eqn.primitive.name in CUSTOM_CALLS
+        for v in eqn.params.values():
+            n += sum(custom_calls(sub) for sub in (v if isinstance(v, (tuple, list)) else (v,))
+                     if isinstance(sub, (Jaxpr, ClosedJaxpr)))
+    return n
 
 
 def called_jaxpr(prim, params: dict):

@@ -165,8 +165,10 @@ class StagingTrace(_compat.DynamicJaxprTrace):
         return KnowableTracer(self, _compat.var_aval(var), var, source_info, parent)
 
     # A custom_jvp/custom_vjp call is folded whole (JAX's eager path) when its
-    # inputs are all concrete; otherwise it is staged, with known work in its
-    # primal function folded as JAX traces it. Its rules are never bypassed.
+    # inputs are all concrete; otherwise the policy gets it as a primitive
+    # application whose params are the bind's (``subfuns`` with its functions):
+    # a fold rule (pejit.rules.custom) folds the known work inside, or it is
+    # staged as JAX stages it. Its rules are never bypassed.
     # Known inputs that are abstract constants (tracers of the outer trace of
     # a folding program being built) fold the call whole into that program.
     # A function whose inputs are all known may still close over values of
@@ -174,6 +176,10 @@ class StagingTrace(_compat.DynamicJaxprTrace):
     # order): evaluating it then meets them, and it is staged, as jax.jit does.
     def process_custom_jvp_call(self, prim, fun, jvp, tracers, /, **params):
         tracers = self.policy.call_inputs(self, tracers)
+        if not self._all_known(tracers):
+            out = self.policy(self, prim, tracers, dict(params, subfuns=(fun, jvp)))
+            if out is not NotImplemented:
+                return out
         try:
             with eager_constant_folding(True):
                 return self._folding_trace(tracers).process_custom_jvp_call(prim, fun, jvp, tracers, **params)
@@ -185,6 +191,10 @@ class StagingTrace(_compat.DynamicJaxprTrace):
 
     def process_custom_vjp_call(self, prim, fun, fwd, bwd, tracers, /, **params):
         tracers = self.policy.call_inputs(self, tracers)
+        if not self._all_known(tracers):
+            out = self.policy(self, prim, tracers, dict(params, subfuns=(fun, fwd, bwd)))
+            if out is not NotImplemented:
+                return out
         try:
             with eager_constant_folding(True):
                 return self._folding_trace(tracers).process_custom_vjp_call(prim, fun, fwd, bwd, tracers, **params)

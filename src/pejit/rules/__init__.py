@@ -28,8 +28,10 @@ The passes, in one place:
   ``jax.checkpoint`` keeps its place (and its rematerialization policy for
   the dynamic inputs) with the known work inside it folded.
   ``custom_jvp``/``custom_vjp`` calls are folded when all their inputs are
-  known and otherwise kept whole, so their custom rule keeps governing
-  derivatives of the dynamic inputs (not switchable: nothing to turn off).
+  known; otherwise (:mod:`.custom`) the call is kept, with the known work
+  of its function (and of a ``custom_vjp``'s forward and backward rules)
+  folded, so its custom rule keeps governing derivatives of the dynamic
+  inputs. ``lax.custom_root`` is such a call.
 ``loops`` (:mod:`.loops`)
   Loop-invariant work in ``scan``/``while_loop``/``fori_loop`` bodies and
   while conditions is hoisted out and folded once; carries that stay known
@@ -53,8 +55,9 @@ The passes, in one place:
   uniform ones that only fusing equations read become broadcasts of a
   literal (:class:`~pejit._residual.SharePlan`).
 
-``affine`` (:mod:`pejit._affine`, :mod:`pejit._collapse`, :mod:`.expansions`)
-  Residual algebra. After folding, each connected region of the residual
+``affine`` (:mod:`pejit._affine`, :mod:`pejit._collapse`, :mod:`.expansions`, :mod:`.custom`)
+  Residual algebra. ``lax.custom_linear_solve`` with a known operator and
+  an unknown vector becomes a product with the folded inverse. After folding, each connected region of the residual
   program that is affine in the dynamic inputs (by the rules of
   :mod:`.affine`, one per primitive) is replaced by one matrix and one
   offset per output, where that is cheaper per call and the matrix fits
@@ -73,6 +76,7 @@ from .. import _compat
 from .._fold_rules import register_fold_rule
 from .branches import fold_cond
 from .calls import fold_checkpoint, fold_jit
+from .custom import fold_custom_jvp, fold_custom_vjp, fold_linear_solve
 from .expansions import fold_dot_general
 from .loops import fold_scan, fold_while
 
@@ -84,6 +88,9 @@ register_fold_rule(_compat.remat_p)(fold_checkpoint)
 register_fold_rule(P.scan_p)(fold_scan)
 register_fold_rule(P.while_p)(fold_while)
 register_fold_rule(P.dot_general_p, deferred=True)(fold_dot_general)
+register_fold_rule(P.custom_vjp_call_p)(fold_custom_vjp)
+register_fold_rule(P.custom_jvp_call_p)(fold_custom_jvp)
+register_fold_rule(P.linear_solve_p)(fold_linear_solve)
 
 # Rules that leave an equation whose inputs are all known (and not lazy) to
 # the default policy: such equations may be folded with a call's known part

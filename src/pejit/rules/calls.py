@@ -1,7 +1,8 @@
 """Fold rules for calls: nested ``jax.jit`` and ``jax.checkpoint``.
 
-``custom_jvp``/``custom_vjp`` calls need no rule: the folding trace folds
-them whole when all their inputs are known (``Folder.call_inputs``).
+``custom_jvp``/``custom_vjp`` calls are folded whole when all their inputs
+are known (``Folder.call_inputs``); with some unknown inputs, their rules
+are in :mod:`.custom`.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from jax.extend.core import ClosedJaxpr
 from .. import _compat
 from .._batch import nbytes
 from .._folding import Folder, NeedsValue
+from .._primitives import custom_calls
 from ._hoist import hoist_consts
 
 
@@ -90,6 +91,11 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
             break
         carry_uk = [a or b for a, b in zip(carry_uk, carry_out_uk)]
     if all(carry_uk) and all(xs_uk):
+        return None
+    if custom_calls(jk) + custom_calls(ju) < custom_calls(body):
+        # JAX's partial evaluation inlines a custom_jvp/custom_vjp call with
+        # unknown inputs (it assumes a linearized program): its rule would be lost.
+        folder.stats.staged["scan (custom rules)"] += 1
         return None
     if length * sum(nbytes(a) for a in res_avals) > folder.options.loop_residual_bytes:
         folder.stats.staged["scan (residual budget)"] += 1
