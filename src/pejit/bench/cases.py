@@ -33,6 +33,8 @@ class Context:
     quick: bool
     tfc_python: str | None
     cold_repeat: int | None = None
+    #: case 9's full-mode sizes to run (``PDE_FULL_SIZES`` and ``wave2d_full``), None: all
+    pde_sizes: tuple[str, ...] | None = None
 
     @property
     def min_seconds(self) -> float:
@@ -406,8 +408,8 @@ PDE_SIZE = {True: (6, 100), False: (8, 150)}
 PDE_FULL_SIZES = {"full": (11, 650), "large": (15, 1000)}
 #: TFC's example as its author wrote it (``pejit.bench._tfc.wave_problem``,
 #: issue 48), beside the bench's formulation: at the quick or main size
-#: (``wave2d``) and, in the full mode, at its own size (``wave2d full``)
-PDE_EXAMPLE = {"wave2d": None, "wave2d full": (11, 650)}
+#: (``wave2d``) and, in the full mode, at its own size (``wave2d_full``)
+PDE_EXAMPLE = {"wave2d": None, "wave2d_full": (11, 650)}
 
 
 #: Fresh processes per variant at the full sizes, interleaved: one slow
@@ -458,7 +460,8 @@ def case9(ctx: Context) -> dict:
     out["wave2d"] = {"n": n, "m": m, "fold": example, "problem": "wave2d"}
     if not ctx.quick:
         sizes = [(size, fn, fm, "bench") for size, (fn, fm) in PDE_FULL_SIZES.items()]
-        sizes.insert(1, ("wave2d full", *PDE_EXAMPLE["wave2d full"], "wave2d"))
+        sizes.insert(1, ("wave2d_full", *PDE_EXAMPLE["wave2d_full"], "wave2d"))
+        sizes = [s for s in sizes if ctx.pde_sizes is None or s[0] in ctx.pde_sizes]
         for size, fn, fm, problem in sizes:
             fold = _first_results(ctx, fn, fm, FULL_SIZE_REPEAT, per_call=1.0, problem=problem)
             print(f"  pde {size} n={fn} m={fm}: " + ", ".join(
