@@ -259,7 +259,7 @@ def run_batch(
 
 def evaluate_jaxpr(
     closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
-    tick: Callable[[int], None] | None = None,
+    tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,
 ) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
 
@@ -268,7 +268,8 @@ def evaluate_jaxpr(
     ``backend``), each intermediate is freed after its last consumer, and
     ``keep`` sees each output as soon as it is produced. A program with a
     call that binds Python functions (a ``custom_jvp``/``custom_vjp`` call)
-    is evaluated by JAX's interpreter instead, op by op.
+    is evaluated by JAX's interpreter instead, op by op. ``segments`` gets
+    how each segment was evaluated (where the first value's time goes).
     """
     jaxpr = closed_jaxpr.jaxpr
     keep = keep or (lambda x: x)
@@ -288,8 +289,13 @@ def evaluate_jaxpr(
     # (uniform values as broadcasts, equal ones once): the program's later
     # equations (an affine collapse's matrices) read them
     kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
-    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick,
-                            compact=kept))
+    plan = plan_batch(recipes, backend, jax.default_backend())
+    timings: list[tuple[float, float]] = []
+    values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept))
+    if segments is not None:
+        segments.extend(BatchInfo(0, seg.backend, len(seg.recipes), sum(r.out_bytes() for r in seg.recipes),
+                                  Counter(r.prim.name for r in seg.recipes), seconds, compiling)
+                        for seg, (seconds, compiling) in zip(plan, timings))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
 
 

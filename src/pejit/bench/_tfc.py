@@ -347,8 +347,10 @@ def _fold_breakdown(report, lines: list[str]) -> dict:
         row["compile_seconds"] += b.compile_seconds
     for row, line in zip(per_batch.values(), [line for line in lines if line.startswith("batch of")]):
         row["log"] = line
+    first = "folding program: first value"  # the call-time form's evaluation of its folding program
     return {"fold_seconds": report.fold_seconds, "batches": list(per_batch.values()),
-            "stages": [line for line in lines if not line.startswith("batch of")],
+            "first_value": [line.removeprefix(first + ", ") for line in lines if line.startswith(first)],
+            "stages": [line for line in lines if not line.startswith(("batch of", first))],
             "residual_equations": report.residual_eqns, "collapsed": [str(c) for c in report.collapsed]}
 
 

@@ -232,6 +232,7 @@ def _breakdown(name: str, b: dict) -> list[str]:
              "| batch | equations | seconds | of which compiling | log |", "|---|---|---|---|---|"]
     lines += [f"| {i} | {row['equations']} | {_s(row['seconds'])} | {_s(row['compile_seconds'])} | "
               f"{row.get('log', '')} |" for i, row in enumerate(b["batches"])]
+    lines += [f"| first value, segment {i} | | | | {line} |" for i, line in enumerate(b.get("first_value", []))]
     return lines
 
 
