@@ -33,7 +33,6 @@ import dataclasses
 import functools
 import math
 import time
-import collections
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -43,7 +42,7 @@ import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
-from . import _abstract, _compat, _host, _offload
+from . import _abstract, _compat, _host, _offload, _refold
 from ._primitives import called_jaxpr, fusible, params_key
 
 # -- the cost model (seconds, bytes per second) ------------------------------
@@ -224,7 +223,7 @@ def run_batch(
         kernels = _offload.Kernels()
     eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
     ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
-    refolds = _Refolds(eager, env, uses)
+    refolds = _refold.Refolds(eager, env, uses)
     position = -1  # in eager
     with _compat.evaluating():
         for seg in segments:
@@ -247,7 +246,7 @@ def run_batch(
                     args = [env[a] if _is_var(a) else a for a in r.args]
                     outs = kernels.take(r, args)
                     if outs is None:
-                        outs = _evaluate(r, args)
+                        outs = _refold.evaluate(r, args)
                     del args
                     define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     del outs
@@ -257,90 +256,6 @@ def run_batch(
             if timings is not None:
                 timings.append((time.perf_counter() - start, compiling[0]))
     return [results[v] for v in outputs]
-
-
-def _evaluate(r: Recipe, args: list) -> Any:
-    """``r`` on ``args``: on the host where a rule gives XLA's bits (no compile), else by JAX."""
-    outs = _host.evaluate(r.prim, args, r.params)
-    return _abstract.evaluate(r.prim, args, r.params) if outs is None else outs
-
-
-#: A batch's value that constants alone define (through at most REMAT_DEPTH
-#: equations), of at least REMAT_BYTES, whose next use is more than
-#: REMAT_GAP equations away, is computed again there rather than held (see
-#: _Refolds).
-REMAT_BYTES = 2**20
-REMAT_GAP = 32
-REMAT_DEPTH = 3
-
-
-class _Refolds:
-    """Values of a batch that its constants alone define, dropped between far uses and computed again.
-
-    The fold records the same known work once (``Folder._fold_key``), so
-    TFC's basis at a zero coordinate, ``H(zeros_like(x), y, t)``, is one
-    value that derivatives read from the start of the batch to its end:
-    the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
-    transposes and products, at once (690 MiB live against 155 MiB when
-    each read computed its own). Such a value (one output, defined by at
-    most :data:`REMAT_DEPTH` equations from constants or small values
-    from before the batch) is dropped after a use whose next use is far,
-    and its equations run again just before that use.
-    """
-
-    def __init__(self, eager: Sequence[Recipe], env: dict, uses: Counter):
-        self._producer: dict[Any, tuple[Recipe, int]] = {}  # var -> (its recipe, depth)
-        self._next: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
-        self._missing: set = set()  # dropped, or released at a last use that was not the last
-        pinned = set()
-        for i, r in enumerate(eager):
-            for a in r.args:
-                if _is_var(a):
-                    self._next[a].append(i)
-            if r.prim.multiple_results or r.outvars[0] is None:
-                continue
-            depth, inputs = 1, [a for a in r.args if _is_var(a)]
-            for a in inputs:
-                if a in self._producer:
-                    depth = max(depth, self._producer[a][1] + 1)
-                elif not (a in env and getattr(env[a], "nbytes", REMAT_BYTES) < REMAT_BYTES):
-                    depth = REMAT_DEPTH + 1
-            if depth <= REMAT_DEPTH:
-                self._producer[r.outvars[0]] = (r, depth)
-                pinned.update(a for a in inputs if a in env)
-        for a in pinned:  # kept for the recomputations (small, defined before the batch)
-            uses[a] += 1
-
-    def restore(self, r: Recipe, env: dict) -> None:
-        """Compute again the inputs of ``r`` that were dropped."""
-        for a in r.args:
-            if _is_var(a) and a not in env and a in self._missing:
-                self._missing.discard(a)
-                env[a] = self._value(a, env, {})
-
-    def _value(self, a, env: dict, scratch: dict):
-        if a in env:
-            return env[a]
-        if a not in scratch:
-            p = self._producer[a][0]
-            scratch[a] = _evaluate(p, [self._value(b, env, scratch) if _is_var(b) else b for b in p.args])
-        return scratch[a]
-
-    def release(self, position: int, r: Recipe, env: dict) -> None:
-        """After ``r`` (at ``position``), drop the large inputs it read whose next use is far."""
-        for a in r.args:
-            if not _is_var(a) or a not in self._producer:
-                continue
-            waiting = self._next[a]
-            while waiting and waiting[0] <= position:
-                waiting.popleft()
-            if not waiting:
-                continue
-            if a not in env:  # released: an input of a recomputation only
-                self._missing.add(a)
-            elif waiting[0] - position > REMAT_GAP and getattr(env[a], "nbytes", 0) >= REMAT_BYTES:
-                del env[a]
-                self._missing.add(a)
 
 
 def evaluate_jaxpr(
