@@ -229,7 +229,8 @@ def _breakdown(name: str, b: dict) -> list[str]:
     """Where a fold's time went: tracing and folding, then each batch of known work."""
     batches = sum(row["seconds"] for row in b["batches"])
     lines = [f"{name}: trace and fold {_s(b['fold_seconds'])}, of which batches {_s(batches)} and the rest"
-             f" (tracing, finalizing, collapsing; in the call-time form, its first value) {_s(b['fold_seconds'] - batches)}"
+             f" (tracing, finalizing, collapsing; in the call-time form, its first value)"
+             f" {_s(b['fold_seconds'] - batches)}"
              f" (log: {'; '.join(b.get('stages', []))}), residual"
              f" {b['residual_equations']} equations ({'; '.join(b['collapsed']) or 'nothing collapsed'}).", "",
              "| batch | equations | seconds | of which compiling | log |", "|---|---|---|---|---|"]
