@@ -223,7 +223,7 @@ def run_batch(
         kernels = _offload.Kernels()
     eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
     ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
-    refolds = _refold.Refolds(eager, env, uses)
+    refolds = _refold.Refolds(eager, env, uses, kernels)
     position = -1  # in eager
     with _compat.evaluating():
         for seg in segments:

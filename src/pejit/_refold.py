@@ -51,7 +51,8 @@ class Refolds:
     read is far; its equations run again just before that read.
     """
 
-    def __init__(self, eager: Sequence[Any], env: dict, uses: Counter):
+    def __init__(self, eager: Sequence[Any], env: dict, uses: Counter, kernels: Any = None):
+        self._kernels = kernels  # pejit._offload.Kernels: a kernel runs again by its lowering
         self._producer: dict[Any, tuple[Any, int]] = {}  # var -> (its recipe, depth)
         self._next: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
         self._missing: set = set()  # dropped, or released at a last use that was not the last
@@ -87,7 +88,9 @@ class Refolds:
             return env[a]
         if a not in scratch:
             p = self._producer[a][0]
-            scratch[a] = evaluate(p, [self._value(b, env, scratch) if _is_var(b) else b for b in p.args])
+            args = [self._value(b, env, scratch) if _is_var(b) else b for b in p.args]
+            out = None if self._kernels is None else self._kernels.compute(p, args)
+            scratch[a] = evaluate(p, args) if out is None else out
         return scratch[a]
 
     def release(self, position: int, r, env: dict) -> None:
