@@ -45,7 +45,7 @@ LAYERS = [
     ("options and reports", {"pejit._options", "pejit._report", "pejit._stats", "pejit._flops", "pejit._estimates"}),
     ("folding back end", {
         "pejit._batch", "pejit._values", "pejit._primitives", "pejit._progress", "pejit._host", "pejit._abstract",
-        "pejit._gc", "pejit._offload",
+        "pejit._gc", "pejit._offload", "pejit._refold",
     }),
     ("staging trace", {"pejit._staging", "pejit._policy"}),
     ("JAX", {"pejit._compat"}),

@@ -42,7 +42,7 @@ import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
-from . import _abstract, _compat, _host, _offload
+from . import _abstract, _compat, _host, _offload, _refold
 from ._primitives import called_jaxpr, fusible, params_key
 
 # -- the cost model (seconds, bytes per second) ------------------------------
@@ -223,6 +223,7 @@ def run_batch(
         kernels = _offload.Kernels()
     eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
     ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
+    refolds = _refold.Refolds(eager, env, uses, kernels)
     position = -1  # in eager
     with _compat.evaluating():
         for seg in segments:
@@ -241,16 +242,16 @@ def run_batch(
                     position += 1
                     if ahead is not None:
                         ahead.submit(position)
+                    refolds.restore(r, env)
                     args = [env[a] if _is_var(a) else a for a in r.args]
                     outs = kernels.take(r, args)
-                    if outs is None:  # on the host where a rule gives XLA's bits (no compile)
-                        outs = _host.evaluate(r.prim, args, r.params)
                     if outs is None:
-                        outs = _abstract.evaluate(r.prim, args, r.params)
+                        outs = _refold.evaluate(r, args)
                     del args
                     define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     del outs
                     _release(env, uses, r.args)
+                    refolds.release(position, r, env)
                     tick(1)
             if timings is not None:
                 timings.append((time.perf_counter() - start, compiling[0]))
@@ -259,7 +260,7 @@ def run_batch(
 
 def evaluate_jaxpr(
     closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
-    tick: Callable[[int], None] | None = None,
+    tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,
 ) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
 
@@ -268,7 +269,8 @@ def evaluate_jaxpr(
     ``backend``), each intermediate is freed after its last consumer, and
     ``keep`` sees each output as soon as it is produced. A program with a
     call that binds Python functions (a ``custom_jvp``/``custom_vjp`` call)
-    is evaluated by JAX's interpreter instead, op by op.
+    is evaluated by JAX's interpreter instead, op by op. ``segments`` gets
+    how each segment was evaluated (where the first value's time goes).
     """
     jaxpr = closed_jaxpr.jaxpr
     keep = keep or (lambda x: x)
@@ -288,8 +290,13 @@ def evaluate_jaxpr(
     # (uniform values as broadcasts, equal ones once): the program's later
     # equations (an affine collapse's matrices) read them
     kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
-    values = iter(run_batch(plan_batch(recipes, backend, jax.default_backend()), env, outputs, keep, tick,
-                            compact=kept))
+    plan = plan_batch(recipes, backend, jax.default_backend())
+    timings: list[tuple[float, float]] = []
+    values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept))
+    if segments is not None:
+        segments.extend(BatchInfo(0, seg.backend, len(seg.recipes), sum(r.out_bytes() for r in seg.recipes),
+                                  Counter(r.prim.name for r in seg.recipes), seconds, compiling)
+                        for seg, (seconds, compiling) in zip(plan, timings))
     return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
 
 

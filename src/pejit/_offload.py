@@ -141,6 +141,18 @@ class Kernels:
         self._handed.clear()
         self._waiting = {True: 0, False: 0}
 
+    def compute(self, recipe, args: Sequence[Any]) -> Any:
+        """The outputs of ``recipe`` on ``args`` by its lowered kernel, on this
+        thread, if it is a kernel; else None. (JAX's eager ``impl`` may hold
+        the GIL, as TFC's ``H`` does, and stall the worker: see :meth:`take`.)"""
+        if not self.kernel(recipe):
+            return None
+        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        try:
+            return None if kernel is None else kernel([_host.to_jax(a) for a in args])
+        except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
+            return None
+
     def take(self, recipe, args: Sequence[Any]) -> Any:
         """The outputs of ``recipe`` on ``args``, if it is a kernel; else None.
 

@@ -16,6 +16,7 @@ program fewer constants.
 from __future__ import annotations
 
 import hashlib
+import math
 import weakref
 from typing import Any
 
@@ -85,6 +86,53 @@ def uniform_value(c):
     if bits[-1] != bits[0] or not np.all(bits == bits[0]):
         return None
     return a.reshape(-1)[0]
+
+
+#: Concrete fold inputs up to this many bytes are told apart by their bytes
+#: (see :func:`value_key`); larger ones by identity, unless uniform.
+SMALL_KEY_BYTES = 1 << 16
+
+
+def value_key(c):
+    """What identifies a concrete input of a fold (see ``Folder._fold_key``):
+    equal for arrays of the same type, weak type and bits where finding that
+    out costs at most one read, else ``("id", id(c))``.
+
+    A uniform array (``jnp.zeros_like(c)``, ``np.ones_like(c)``,
+    ``jnp.full(...)``, a ``jax.Array`` of zeros) is :func:`uniform_key` of its
+    one element, as is a broadcast of a scalar that the fold records
+    (``Folder`` keys its output so): the same known work on any spelling of
+    a zero is folded once. Small arrays are keyed by their bytes; other
+    arrays by identity (hashing a large constant would cost a pass over it).
+    """
+    if isinstance(c, _compat.Tracer) or not isinstance(c, (jax.Array, np.ndarray)) or not on_host(c):
+        return ("id", id(c))
+    if jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended) or c.dtype == object:
+        return ("id", id(c))
+    weak = bool(getattr(c, "weak_type", False))
+    one = uniform_value(c)
+    if one is not None:
+        return uniform_key(c.shape, c.dtype, weak, one)
+    if c.nbytes <= SMALL_KEY_BYTES:
+        return ("bytes", c.shape, np.dtype(c.dtype), weak, byte_view(np.asarray(c)).tobytes())
+    return ("id", id(c))
+
+
+def uniform_key(shape, dtype, weak: bool, one) -> tuple:
+    """The key of an array of ``shape`` and ``dtype`` whose every element is ``one`` (bit for bit)."""
+    return ("uniform", tuple(shape), np.dtype(dtype), weak, byte_view(np.asarray(one, dtype)).tobytes())
+
+
+def scalar_of(key) -> bytes | None:
+    """The element's bytes where ``key`` (of :func:`value_key`) is that of one
+    element or a uniform array, with its dtype and weak type; else None."""
+    if not isinstance(key, tuple) or not key:
+        return None
+    if key[0] == "uniform":
+        return key[2:]
+    if key[0] == "bytes" and math.prod(key[1]) == 1:
+        return key[2:]
+    return None
 
 
 class Compactor:

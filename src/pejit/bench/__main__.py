@@ -49,11 +49,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated case numbers (10, the persistent cache, runs many fresh processes: ask for it)")
     parser.add_argument("--cold-repeat", type=int, default=None,
                         help="fresh processes per fold-time sample (default: 1 quick, 3 full)")
+    parser.add_argument("--pde-sizes", default=None,
+                        help="case 9's full-mode sizes, comma-separated: full, wave2d_full, large (default: all;"
+                             " TFC at large needs about 16 GB)")
     args = parser.parse_args(argv)
 
     tfc_python = find_tfc_python(args.tfc_python)
     selected = {int(c) for c in args.cases.split(",")}
-    ctx = cases.Context(quick=args.quick, tfc_python=tfc_python, cold_repeat=args.cold_repeat)
+    ctx = cases.Context(quick=args.quick, tfc_python=tfc_python, cold_repeat=args.cold_repeat,
+                        pde_sizes=None if args.pde_sizes is None else tuple(args.pde_sizes.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results, errors = {}, {}

@@ -33,6 +33,8 @@ class Context:
     quick: bool
     tfc_python: str | None
     cold_repeat: int | None = None
+    #: case 9's full-mode sizes to run (``PDE_FULL_SIZES`` and ``wave2d_full``), None: all
+    pde_sizes: tuple[str, ...] | None = None
 
     @property
     def min_seconds(self) -> float:
@@ -404,6 +406,10 @@ PDE_SIZE = {True: (6, 100), False: (8, 150)}
 #: 11^3 points, 650 functions) and a larger one, so that the fold's cost
 #: growth is measured: first result, per call and peak RSS of every variant
 PDE_FULL_SIZES = {"full": (11, 650), "large": (15, 1000)}
+#: TFC's example as its author wrote it (``pejit.bench._tfc.wave_problem``,
+#: issue 48), beside the bench's formulation: at the quick or main size
+#: (``wave2d``) and, in the full mode, at its own size (``wave2d_full``)
+PDE_EXAMPLE = {"wave2d": None, "wave2d_full": (11, 650)}
 
 
 #: Fresh processes per variant at the full sizes, interleaved: one slow
@@ -412,14 +418,16 @@ PDE_FULL_SIZES = {"full": (11, 650), "large": (15, 1000)}
 FULL_SIZE_REPEAT = {"pejit_call": 3, "pejit": 3, "jax.jit": 3, "tfc": 1}
 
 
-def _first_results(ctx: Context, n: int, m: int, repeat: dict[str, int], per_call: float = 0.0) -> dict:
+def _first_results(ctx: Context, n: int, m: int, repeat: dict[str, int], per_call: float = 0.0,
+                   problem: str = "bench") -> dict:
     """Median first result and peak RSS of each variant, ``repeat[variant]``
     fresh processes, interleaved; with ``per_call`` seconds, also each one's
-    time per call and pejit's fold breakdown."""
+    time per call; and pejit's fold breakdown. ``problem`` names the
+    formulation (``pejit.bench._tfc.PDE_PROBLEMS``)."""
     cold: dict[str, list] = {v: [] for v in repeat}
     for r in range(max(repeat.values())):
         for v in (v for v, times in repeat.items() if r < times):
-            spec = {"case": "pde_fold", "n": n, "m": m, "variant": v, "per_call": per_call}
+            spec = {"case": "pde_fold", "n": n, "m": m, "variant": v, "per_call": per_call, "problem": problem}
             cold[v].append(ctx.tfc("pejit.bench._tfc", spec))
     out = {}
     for v, rs in cold.items():
@@ -446,13 +454,20 @@ def case9(ctx: Context) -> dict:
     print(f"  pde n={n} m={m}: " + ", ".join(f"{v} first result {_s(f['seconds'])}" for v, f in fold.items()),
           flush=True)
     out = {"n": n, "m": m, "steady": steady, "fold": fold, "repeat": repeat}
+    example = _first_results(ctx, n, m, dict.fromkeys(PDE_VARIANTS, repeat), problem="wave2d")
+    print(f"  wave2d n={n} m={m}: " + ", ".join(f"{v} first result {_s(f['seconds'])}"
+                                               for v, f in example.items()), flush=True)
+    out["wave2d"] = {"n": n, "m": m, "fold": example, "problem": "wave2d"}
     if not ctx.quick:
-        for size, (fn, fm) in PDE_FULL_SIZES.items():
-            fold = _first_results(ctx, fn, fm, FULL_SIZE_REPEAT, per_call=1.0)
+        sizes = [(size, fn, fm, "bench") for size, (fn, fm) in PDE_FULL_SIZES.items()]
+        sizes.insert(1, ("wave2d_full", *PDE_EXAMPLE["wave2d_full"], "wave2d"))
+        sizes = [s for s in sizes if ctx.pde_sizes is None or s[0] in ctx.pde_sizes]
+        for size, fn, fm, problem in sizes:
+            fold = _first_results(ctx, fn, fm, FULL_SIZE_REPEAT, per_call=1.0, problem=problem)
             print(f"  pde {size} n={fn} m={fm}: " + ", ".join(
                 f"{v} first result {_s(f['seconds'])}, per call {_s(f.get('per_call_seconds'))}"
                 for v, f in fold.items()), flush=True)
-            out[size] = {"n": fn, "m": fm, "fold": fold}
+            out[size] = {"n": fn, "m": fm, "fold": fold, "problem": problem}
     return out
 
 

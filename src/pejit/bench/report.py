@@ -191,7 +191,10 @@ def _case9(r):
     lines = [f"## Case 9: TFC PDE least squares (mtfc, {r['n']}^3 points, {r['m']} ELM basis functions)", "",
              "The 3-D wave equation through nested `egrad`, one `lstsq(jacfwd(L), L)` step, the",
              "coordinates constant; all variants run in the TFC process (64-bit mode). Fold time",
-             "and peak RSS: a fresh process per variant, from `pejit(...)` to the first result."]
+             "and peak RSS: a fresh process per variant, from `pejit(...)` to the first result.",
+             "Two formulations: the bench's (`pejit.bench._tfc.pde_problem`: zeros and ones as NumPy",
+             "arrays built once) and TFC's example as its author wrote it (`wave_problem`,",
+             "WaveEquation2D.py: `jnp.zeros_like`/`ones_like` inside the function, TFC's `LS` step)."]
     steady = r.get("steady") or {}
     if "times" in steady:
         lines += ["", *_times_table(steady["times"], "tfc"), "",
@@ -199,9 +202,12 @@ def _case9(r):
                   f"max relative difference from TFC: {steady['max_rel_error_vs_tfc']}"]
     else:
         lines += ["", f"Per call: n/a {steady.get('error', r.get('error', ''))[:300]}"]
+    titles = {"wave2d": ", TFC's example as written (WaveEquation2D.py)",
+              "full": " at TFC's size", "wave2d_full": ", TFC's example as written (WaveEquation2D.py), at its size",
+              "large": " at a larger size"}
     sizes = [("", "", r.get("fold"))] + [
-        (f" at {'TFC' if size == 'full' else 'a larger'} size", f" ({r[size]['n']}^3 points, {r[size]['m']} functions)",
-         r[size].get("fold")) for size in ("full", "large") if r.get(size)]
+        (titles[size], f" ({r[size]['n']}^3 points, {r[size]['m']} functions)", r[size].get("fold"))
+        for size in titles if r.get(size)]
     for title, size, rows in sizes:
         if not rows:
             continue
@@ -222,11 +228,16 @@ def _case9(r):
 
 def _breakdown(name: str, b: dict) -> list[str]:
     """Where a fold's time went: tracing and folding, then each batch of known work."""
-    lines = [f"{name}: trace and fold {_s(b['fold_seconds'])} (log: {'; '.join(b.get('stages', []))}), residual"
+    batches = sum(row["seconds"] for row in b["batches"])
+    lines = [f"{name}: trace and fold {_s(b['fold_seconds'])}, of which batches {_s(batches)} and the rest"
+             f" (tracing, finalizing, collapsing; in the call-time form, its first value)"
+             f" {_s(b['fold_seconds'] - batches)}"
+             f" (log: {'; '.join(b.get('stages', []))}), residual"
              f" {b['residual_equations']} equations ({'; '.join(b['collapsed']) or 'nothing collapsed'}).", "",
              "| batch | equations | seconds | of which compiling | log |", "|---|---|---|---|---|"]
     lines += [f"| {i} | {row['equations']} | {_s(row['seconds'])} | {_s(row['compile_seconds'])} | "
               f"{row.get('log', '')} |" for i, row in enumerate(b["batches"])]
+    lines += [f"| first value, segment {i} | | | | {line} |" for i, line in enumerate(b.get("first_value", []))]
     return lines
 
 
