@@ -255,6 +255,18 @@ def _mesh(n):
     return jnp.asarray((4 * eye(0) + eye(1) + eye(-1)) / 6), jnp.asarray((2 * eye(0) - eye(1) - eye(-1)) * 0.1)
 
 
+def _against(name: str, f, constants: tuple, by_hand, folded, arg, rtol: float) -> tuple[str, dict]:
+    """``name`` and its three variants: ``f`` under ``jax.jit`` and pejit (``constants``
+    folded), and ``by_hand`` on the ``folded`` values, checked against ``jax.jit``."""
+    nums = tuple(range(len(constants)))
+    jj, pj, hj = jax.jit(f), pejit(f, constant_argnums=nums), jax.jit(by_hand)
+    want = jj(*constants, arg)
+    check(pj(*constants, arg), want, rtol)
+    check(hj(folded, arg), want, rtol)
+    return name, {"jax.jit": lambda: jj(*constants, arg), "pejit": lambda: pj(*constants, arg),
+                  "hand-folded": lambda: hj(folded, arg)}
+
+
 def diffrax_custom_case():
     import diffrax
 
@@ -269,12 +281,7 @@ def diffrax_custom_case():
         term = diffrax.ODETerm(lambda t, y, a: -(a @ y))
         return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0., 1., 0.05, y0, args=a).ys
 
-    a = jnp.linalg.solve(M, K)
-    jj, pj, hj = jax.jit(ode), pejit(ode, constant_argnums=(0, 1)), jax.jit(by_hand)
-    check(pj(M, K, y0), jj(M, K, y0), 1e-4)
-    check(hj(a, y0), jj(M, K, y0), 1e-4)
-    return "diffrax, solve(M, K @ y) in the field", {
-        "jax.jit": lambda: jj(M, K, y0), "pejit": lambda: pj(M, K, y0), "hand-folded": lambda: hj(a, y0)}
+    return _against("diffrax, solve(M, K @ y) in the field", ode, (M, K), by_hand, jnp.linalg.solve(M, K), y0, 1e-4)
 
 
 def optimistix_custom_case():
@@ -293,12 +300,7 @@ def optimistix_custom_case():
         fn = lambda y, b: Binv @ (y + 0.1 * y ** 3) - b  # noqa: E731
         return optx.root_find(fn, solver, jnp.zeros(n), args=b, max_steps=32).value
 
-    Binv = jnp.linalg.inv(B)
-    jj, pj, hj = jax.jit(root), pejit(root, constant_argnums=0), jax.jit(by_hand)
-    check(pj(B, b), jj(B, b), 1e-3)
-    check(hj(Binv, b), jj(B, b), 1e-3)
-    return "optimistix Newton, inv(B) in fn", {
-        "jax.jit": lambda: jj(B, b), "pejit": lambda: pj(B, b), "hand-folded": lambda: hj(Binv, b)}
+    return _against("optimistix Newton, inv(B) in fn", root, (B,), by_hand, jnp.linalg.inv(B), b, 1e-3)
 
 
 def equinox_custom_case():
@@ -327,12 +329,7 @@ def equinox_custom_case():
     solve, solve_by_hand = make(jax.scipy.linalg.lu_factor), make(lambda lu: lu)
     f = lambda A, x: solve(x, A)  # noqa: E731
     by_hand = lambda lu, x: solve_by_hand(x, lu)  # noqa: E731
-    lu = jax.scipy.linalg.lu_factor(A)
-    jj, pj, hj = jax.jit(f), pejit(f, constant_argnums=0), jax.jit(by_hand)
-    check(pj(A, x), jj(A, x), 1e-3)
-    check(hj(lu, x), jj(A, x), 1e-3)
-    return "Equinox filter_custom_vjp solve", {
-        "jax.jit": lambda: jj(A, x), "pejit": lambda: pj(A, x), "hand-folded": lambda: hj(lu, x)}
+    return _against("Equinox filter_custom_vjp solve", f, (A,), by_hand, jax.scipy.linalg.lu_factor(A), x, 1e-3)
 
 
 def custom_main():
