@@ -299,7 +299,8 @@ class Pejitted:
         constant argument probably changes on each call."""
         counts = self._caches.specializations.counts
         misses = counts.misses
-        if misses >= RESPECIALIZING_AFTER and 4 * misses >= 3 * (misses + counts.hits) and "respecializing" not in self._hints_given:
+        most = misses >= RESPECIALIZING_AFTER and 4 * misses >= 3 * (misses + counts.hits)
+        if most and "respecializing" not in self._hints_given:
             self._hints_given.add("respecializing")
             _errors.respecializing(self.info.name, misses, misses + counts.hits)
 

@@ -154,8 +154,9 @@ def paired(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int) 
     for r in range(pairs):
         for name in names if r % 2 else names[::-1]:
             samples[name].append(_sample(fns[name], calls))
+    ratios = paired_ratios(samples, ref)
     return {
         "times": {k: statistics.median(v) for k, v in samples.items()},
         "extra": {k: statistics.median(a - b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
-        "ratio": {k: statistics.median(a / b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
+        "ratio": {k: r for k, r in ratios.items() if k != ref},
     }
