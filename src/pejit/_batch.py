@@ -43,7 +43,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from . import _abstract, _compat, _host, _offload, _refold
-from ._primitives import called_jaxpr, fusible, params_key
+from ._primitives import called_jaxpr, fused_first, fusible, params_key
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -123,12 +123,13 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     elementwise arithmetic and data movement, which XLA fuses into one loop)
     is compiled when fusing saves more than compiling costs; fusing saves,
     per equation, one dispatch and the memory traffic of its output (written
-    by one kernel, read back by the next). Every other equation runs on its
-    own, eagerly: fusing a matrix product, a LAPACK call or a reduction with
-    its neighbours saves little, and XLA:CPU evaluates ``sin``/``cos``/``tan``
-    more slowly inside a fused loop than as standalone kernels (measured:
-    a 50-op sin/mul/add/cos chain on 2048x2048 ran slower fused than op by
-    op). A program already compiled for the same structure costs nothing.
+    by one kernel, read back by the next). Runs of the same structure (the
+    steps of an unrolled loop) share one program, and so its compilation.
+    Every other equation runs on its own, eagerly: fusing a matrix product,
+    a LAPACK call or a reduction with its neighbours saves little. A run
+    starts at each ``sin``/``cos``/``tan`` (see ``pejit._primitives.FUSED_FIRST``): XLA:CPU
+    evaluates them slowly on an input computed in the same loop. A program
+    already compiled for the same structure costs nothing.
     """
     if forced in ("eager", "program") or len(recipes) < 2:
         return [Segment("program" if forced == "program" else "eager", tuple(recipes))]
@@ -136,29 +137,26 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
         lowerable = all(_compat.has_lowering(r.prim, platform) for r in recipes)
         return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
     bandwidth = BANDWIDTH.get(platform, DEFAULT_BANDWIDTH)
+    runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
+    for r in recipes:
+        if not (fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform)):
+            runs.append((False, [r]))
+        elif runs and runs[-1][0] and not fused_first(r.prim, r.params):
+            runs[-1][1].append(r)
+        else:
+            runs.append((True, [r]))
+    keys = [_run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
+    alike = Counter(keys)
     segments: list[Segment] = []
-
-    def add(backend, rs):
-        if segments and segments[-1].backend == backend == "eager":
-            segments[-1] = Segment("eager", segments[-1].recipes + tuple(rs))
-        elif rs:
-            segments.append(Segment(backend, tuple(rs)))
-
-    def flush(run):
+    for (_, run), key in zip(runs, keys):
         saved = len(run) * DISPATCH_SECONDS + sum(r.out_bytes() for r in run) / bandwidth
         cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
-        fuse = len(run) > 1 and (saved > cost or _cached(run))
-        add("compiled" if fuse else "eager", run)
-
-    run: list[Recipe] = []
-    for r in recipes:
-        if fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform):
-            run.append(r)
+        if key is not None and (saved * alike[key] > cost or key in _programs):
+            segments.append(Segment("compiled", tuple(run)))
+        elif segments and segments[-1].backend == "eager":
+            segments[-1] = Segment("eager", segments[-1].recipes + tuple(run))
         else:
-            flush(run)
-            run = []
-            add("eager", [r])
-    flush(run)
+            segments.append(Segment("eager", tuple(run)))
     return segments
 
 
@@ -450,13 +448,16 @@ def _run_compiled(recipes, env, outputs, compiling: list[float] | None = None):
     return list(program(*inputs))
 
 
-def _cached(recipes) -> bool:
-    """Whether a program for this run's structure is compiled already."""
+def _run_key(recipes) -> Any:
+    """The key of a program for this run's structure (see :func:`_structure`),
+    or None where its parameters are unhashable."""
     produced = [v for r in recipes for v in r.outvars if v is not None]
+    key = _structure(recipes, _AnyEnv(), produced[-1:])[0]
     try:
-        return _structure(recipes, _AnyEnv(), produced[-1:])[0] in _programs
+        hash(key)
     except TypeError:
-        return False
+        return None
+    return key
 
 
 class _AnyEnv(dict):

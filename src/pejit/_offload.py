@@ -45,7 +45,14 @@ import jax
 import numpy as np
 
 from . import _compat, _host
-from ._primitives import CALLS, CUSTOM_CALLS, called_jaxpr, fusible, params_key
+from ._primitives import (
+    CALLS,
+    CUSTOM_CALLS,
+    called_jaxpr,
+    fused_first,
+    fusible,
+    params_key,
+)
 
 #: Bytes of results handed out and not yet read by the batch: how far the
 #: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
@@ -303,13 +310,14 @@ def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
 
 def _compiled_alone(prim, params: dict) -> bool:
     """Whether a batch would have JAX compile ``prim`` for itself: no host
-    rule covers it, and no compiled segment would fuse it (see
+    rule covers it, and no compiled segment would fuse it, or not
+    always (a run starting at a ``sin`` may stay eager; see
     ``pejit._batch.plan_batch``)."""
     if prim.name in CALLS:
         body = called_jaxpr(prim, params)
         return prim.name in _USER_CALLS and body is not None and _body_alone(body)
-    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS and not fusible(prim, params)
-            and _compat.has_lowering(prim, "cpu"))
+    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS
+            and (not fusible(prim, params) or fused_first(prim, params)) and _compat.has_lowering(prim, "cpu"))
 
 
 def _body_alone(body) -> bool:
@@ -318,8 +326,9 @@ def _body_alone(body) -> bool:
     which the answer does not keep alive."""
     alone = _alone_bodies.get(body)
     if alone is None:
-        alone = _alone_bodies[body] = (not all(fusible(e.primitive, e.params) for e in body.eqns)
-                                       and not _host.covers(body))
+        alone = _alone_bodies[body] = (
+            not all(fusible(e.primitive, e.params) and not fused_first(e.primitive, e.params) for e in body.eqns)
+            and not _host.covers(body))
     return alone
 
 
