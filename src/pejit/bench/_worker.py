@@ -24,24 +24,34 @@ def _warm_runtime():
 
 
 def fold_time(spec: dict) -> dict:
-    """Seconds from creating the specialized function to its first result."""
+    """Seconds from creating the specialized function to its first result.
+
+    ``program`` is ``"chain"`` (the light chain, then ``+ x``, NumPy constant,
+    call-time form) or ``"sin_chain"`` (issue 48's, then ``@ x``, a
+    ``jax.Array`` constant, TFC form).
+    """
     N, K, variant = spec["N"], spec["K"], spec["variant"]
-    f, known = programs.chain(K)
+    sin_chain = spec.get("program", "chain") == "sin_chain"
+    f, known = (programs.sin_chain if sin_chain else programs.chain)(K)
     A = np.random.default_rng(0).standard_normal((N, N)).astype(np.float32)
-    x = np.float32(1.0)
+    x = np.ones(N, np.float32) if sin_chain else np.float32(1.0)
+    if sin_chain:
+        A, x = jax.block_until_ready((jnp.asarray(A), jnp.asarray(x)))
     _warm_runtime()
+    if variant == "tfc":
+        from tfc.utils import pejit as tfc_pejit
+    elif variant != "one_program":
+        from pejit import FoldOptions, pejit
     start = time.perf_counter()
     if variant == "one_program":
         # the known part as one compiled program, then the residual
         k = jax.jit(known)(A)
-        out = jax.jit(lambda k, x: k + x)(k, x)
+        out = jax.jit(lambda k, x: k @ x if sin_chain else k + x)(k, x)
     elif variant == "tfc":
-        from tfc.utils import pejit as tfc_pejit
-
         out = tfc_pejit(A, x, constant_arg_nums=[0])(f)(x)
+    elif sin_chain:
+        out = pejit(A, x, constant_arg_nums=[0])(f)(x)
     else:
-        from pejit import FoldOptions, pejit
-
         backend = {"pejit": "auto", "pejit_eager": "eager", "pejit_compiled": "compiled"}[variant]
         out = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend=backend))(A, x)
     jax.block_until_ready(out)

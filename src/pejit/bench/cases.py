@@ -245,25 +245,26 @@ FOLD_GRID = ((256, 1000), (2048, 50), (2048, 200))
 
 
 def case4(ctx: Context) -> dict:
-    """fold time: chains of K elementwise ops on an N x N constant, to the first result."""
-    variants = ["pejit", "one_program", "tfc"]
-    if not ctx.quick:
-        variants += ["pejit_eager", "pejit_compiled"]
+    """fold time: chains of K elementwise ops on an N x N constant, to the first
+    result: the light chain (``+ x``), then issue 48's as written (``@ x``)."""
+    light = ["pejit", "one_program", "tfc"] + ([] if ctx.quick else ["pejit_eager", "pejit_compiled"])
     repeat = ctx.cold_repeat or (1 if ctx.quick else 3)
     out: dict[str, Any] = {}
-    for N, K in FOLD_GRID:
-        samples: dict[str, list[float]] = {v: [] for v in variants}
-        for _ in range(repeat):
-            for v in variants:
-                spec = {"case": "fold_time", "N": N, "K": K, "variant": v}
-                if v == "tfc":
-                    r = ctx.tfc("pejit.bench._worker", spec)
-                    if r and "seconds" in r:
-                        samples[v].append(r["seconds"])
-                else:
-                    samples[v].append(ctx.cold(spec)["seconds"])
-        out[f"{N}x{K}"] = {v: (statistics.median(s) if s else None) for v, s in samples.items()}
-        print(f"  N={N} K={K}: " + ", ".join(f"{v} {_s(t)}" for v, t in out[f'{N}x{K}'].items()), flush=True)
+    for program, variants in (("chain", light), ("sin_chain", ["pejit", "one_program", "tfc"])):
+        for N, K in FOLD_GRID:
+            samples: dict[str, list[float]] = {v: [] for v in variants}
+            for _ in range(repeat):
+                for v in variants:
+                    spec = {"case": "fold_time", "program": program, "N": N, "K": K, "variant": v}
+                    if v == "tfc":
+                        r = ctx.tfc("pejit.bench._worker", spec)
+                        if r and "seconds" in r:
+                            samples[v].append(r["seconds"])
+                    else:
+                        samples[v].append(ctx.cold(spec)["seconds"])
+            point = f"{N}x{K}" if program == "chain" else f"{program} {N}x{K}"
+            out[point] = {v: (statistics.median(s) if s else None) for v, s in samples.items()}
+            print(f"  {point}: " + ", ".join(f"{v} {_s(t)}" for v, t in out[point].items()), flush=True)
     return {"fold_seconds": out, "repeat": repeat}
 
 

@@ -168,6 +168,22 @@ def chain(K: int):
     return f, known
 
 
+def sin_chain(K: int):
+    """Issue 48's chain, as its users write it: ``K`` steps of ``sin(c) * 1.001 + 0.5``
+    on a constant, then a product with the dynamic ``x``."""
+
+    def known(A):
+        c = A
+        for _ in range(K):
+            c = jnp.sin(c) * 1.001 + 0.5
+        return c
+
+    def f(A, x):
+        return known(A) @ x
+
+    return f, known
+
+
 # -- case 5: compile time and memory vs folded size ----------------------------
 def cos_matvec(A, x):
     return jnp.cos(A) @ x

@@ -124,12 +124,14 @@ def _case4(r):
     rows = r["fold_seconds"]
     variants = list(next(iter(rows.values())))
     lines = [f"## Case 4: fold time (seconds to first result, median of {r['repeat']} fresh processes)", "",
-             "Chain: sin, *1.0001, +0.5, cos, repeated; then `+ x` with `x` dynamic.", "",
+             "Chain: sin, *1.0001, +0.5, cos, repeated; then `+ x` with `x` dynamic (NumPy constant,"
+             " call-time form). `sin_chain`: issue 48's, `c = sin(c) * 1.001 + 0.5` K times, then `c @ x`"
+             " (`jax.Array` constant, TFC form).", "",
              "| N x K | " + " | ".join(variants) + " | pejit / min(TFC, one program) |",
              "|---|" + "---|" * (len(variants) + 1)]
     for point, row in rows.items():
         best = min(v for k, v in row.items() if k in ("tfc", "one_program") and v is not None)
-        lines.append(f"| {point} | " + " | ".join(_s(row[v]) for v in variants) + f" | {row['pejit'] / best:.2f} |")
+        lines.append(f"| {point} | " + " | ".join(_s(row.get(v)) for v in variants) + f" | {row['pejit'] / best:.2f} |")
     return lines
 
 
@@ -319,7 +321,7 @@ def _plots(out: Path, stem: str, results: dict) -> None:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         width = 0.8 / len(variants)
         for i, v in enumerate(variants):
-            ax.bar([j + i * width for j in range(len(rows))], [rows[p][v] or 0 for p in rows], width, label=v)
+            ax.bar([j + i * width for j in range(len(rows))], [rows[p].get(v) or 0 for p in rows], width, label=v)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], list(rows))
         ax.set_ylabel("seconds to first result")
         ax.legend(fontsize=8)
