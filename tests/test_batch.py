@@ -96,11 +96,40 @@ def test_transcendentals_start_compiled_runs():
     # loop, so each starts a run: (sin, *, +) runs are compiled, and cos,
     # alone between them, runs eagerly. The ten runs of one structure share
     # one program, whose compilation pays for all of them together.
-    A = jnp.ones((1024, 1024), np.float32)
+    A = jnp.ones((2048, 2048), np.float32)
     _batch.clear_programs()
     batches, _ = plan(lambda x: chain(A, 40, TRIG) + x, scalar())
     assert [(b.backend, b.equations) for b in batches] == [("compiled", 3), ("eager", 1)] * 10
     assert len(_batch._programs) == 1
+
+
+def test_a_run_whose_intermediates_stay_in_cache_runs_eagerly():
+    # fusing saves writing and reading back the intermediates; at 256x256
+    # float32 they stay in a core's cache, and the (sin, *, +) runs do not
+    # pay for a compilation, however many of them there are
+    A = jnp.ones((256, 256), np.float32)
+    batches, _ = plan(lambda x: chain(A, 400, TRIG) + x, scalar())
+    assert [b.backend for b in batches] == ["eager"]
+
+
+@pytest.mark.parametrize("kind", ["host", "jax"])
+def test_a_run_on_numpy_arrays_pays_for_copying_them_in(kind):
+    # a compiled program copies each NumPy array it reads: a (sin, *) run
+    # saves writing and reading back one intermediate, and copying a host
+    # rule's result (the outer product D) costs as much; a jax.Array is
+    # read in place
+    u = np.linspace(0.5, 1.0, 2048, dtype=np.float32)[:, None]
+    D0 = jnp.asarray(u @ u.T)
+
+    def f(x):
+        D = jnp.dot(u, u.T) if kind == "host" else D0
+        t = D
+        for _ in range(12):
+            t = jnp.sin(t) * D
+        return t + x
+
+    batches, _ = plan(f, scalar())
+    assert ("compiled" in {b.backend for b in batches}) == (kind == "jax")
 
 
 def test_forced_backends():

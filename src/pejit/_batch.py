@@ -125,15 +125,18 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
 
     The cost model: a run of consecutive *fusible* equations (cheap
     elementwise arithmetic and data movement, which XLA fuses into one loop)
-    is compiled when fusing saves more than compiling costs; fusing saves,
-    per equation, one dispatch and the memory traffic of its output (written
-    by one kernel, read back by the next). Runs of the same structure (the
+    is compiled when fusing saves more than compiling costs. Fusing saves,
+    per equation, one dispatch, and the memory traffic of the intermediates
+    (written by one kernel, read back by the next) where they outgrow a
+    core's cache; it costs the copy a program makes of each NumPy array it
+    reads (a host rule's result), which also leaves memory resident (the
+    full-size WaveEquation2D, 400 MB more). Runs of the same structure (the
     steps of an unrolled loop) share one program, and so its compilation.
     Every other equation runs on its own, eagerly: fusing a matrix product,
     a LAPACK call or a reduction with its neighbours saves little. A run
-    starts at each ``sin``/``cos``/``tan`` (see ``pejit._primitives.FUSED_FIRST``): XLA:CPU
-    evaluates them slowly on an input computed in the same loop. A program
-    already compiled for the same structure costs nothing.
+    starts at each ``sin``/``cos``/``tan`` (``pejit._primitives.FUSED_FIRST``):
+    XLA:CPU evaluates them slowly on an input computed in the same loop. A
+    program already compiled for the same structure costs nothing.
     """
     if forced in ("eager", "program") or len(recipes) < 2:
         return [Segment("program" if forced == "program" else "eager", tuple(recipes))]
@@ -142,6 +145,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
         return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
     bandwidth = BANDWIDTH.get(platform, DEFAULT_BANDWIDTH)
     cached = CACHED_BYTES.get(platform, 0)
+    host = _host.on_one_cpu()
     runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
     for r in recipes:
         if not (fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform)):
@@ -152,18 +156,52 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
             runs.append((True, [r]))
     keys = [_run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
     alike = Counter(keys)
+    reads = Counter(a for r in recipes for a in r.args if _is_var(a))
     segments: list[Segment] = []
+    on_host: set = set()  # values the batch computes as NumPy arrays, which a program copies in
+    made: dict[Any, set] = {}  # by run key: the values runs of that structure compute
     for (_, run), key in zip(runs, keys):
-        traffic = sum(r.out_bytes() for r in run if r.out_bytes() > cached)
-        saved = len(run) * DISPATCH_SECONDS + traffic / bandwidth
+        inside = Counter(a for r in run for a in r.args if _is_var(a))
+        alike_made = made.get(key, ())  # compiled with this run, if it is: not on the host
+        traffic = sum(nbytes(v.aval) for r in run for v in r.outvars  # the intermediates: read in the run alone
+                      if v is not None and 0 < reads[v] == inside[v] and nbytes(v.aval) > cached)
+        copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
+            (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
+        saved = len(run) * DISPATCH_SECONDS + (traffic - copied) / bandwidth
         cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
+        if key is not None:
+            made.setdefault(key, set()).update(v for r in run for v in r.outvars)
         if key is not None and (saved * alike[key] > cost or key in _programs):
             segments.append(Segment("compiled", tuple(run)))
-        elif segments and segments[-1].backend == "eager":
+            continue
+        if segments and segments[-1].backend == "eager":
             segments[-1] = Segment("eager", segments[-1].recipes + tuple(run))
         else:
             segments.append(Segment("eager", tuple(run)))
+        if host:
+            on_host.update(v for r in run if _host_evaluates(r) for v in r.outvars if v is not None)
     return segments
+
+
+def _inputs(run: Sequence[Recipe]) -> list[Any]:
+    """The distinct array inputs of ``run`` that it does not compute itself."""
+    inside = {v for r in run for v in r.outvars}
+    seen: dict[Any, Any] = {}
+    for r in run:
+        for a in r.args:
+            if (_is_var(a) and a not in inside) or isinstance(a, (np.ndarray, jax.Array)):
+                seen.setdefault(a if _is_var(a) else id(a), a)
+    return list(seen.values())
+
+
+def _bytes(a) -> int:
+    return nbytes(a.aval) if _is_var(a) else a.nbytes
+
+
+def _host_evaluates(r: Recipe) -> bool:
+    """Whether an eager batch computes ``r`` on the host (see :mod:`pejit._host`)."""
+    body = called_jaxpr(r.prim, r.params)
+    return _host.covers(body) if body is not None else r.prim in _host.HOST_RULES
 
 
 def one_program_pays(eqns: Sequence[Any]) -> bool:
@@ -227,23 +265,32 @@ def run_batch(
         kernels = _offload.Kernels()
     eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
     ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
-    refolds = _refold.Refolds(eager, env, uses, kernels)
-    position = -1  # in eager
+    refolds = _refold.Refolds([r for seg in segments for r in seg.recipes], env, uses, kernels,
+                              _offload.spare() if kernels.enabled else None)
+    position = -1  # in eager, for the kernels handed out ahead
+    step = -1  # in the batch, for the values computed again
     with _compat.evaluating():
         for seg in segments:
             start, compiling = time.perf_counter(), [0.0]
             whole = {"compiled": functools.partial(_run_compiled, compiling=compiling), "program": _stage}.get(
                 seg.backend)
             if whole is not None:  # the segment at once: compiled, or staged as one equation
+                for r in seg.recipes:
+                    refolds.restore(r, env)
                 produced = [v for r in seg.recipes for v in r.outvars if v is not None]
                 inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
                 out = [v for v in produced if v in wanted or uses[v] > inside[v]]
                 define(zip(out, whole(seg.recipes, env, out)))
                 _release(env, uses, [a for r in seg.recipes for a in r.args])
+                for r in seg.recipes:
+                    step += 1
+                    refolds.release(step, r, env)
+                refolds.prefetch(step, env)
                 tick(len(seg.recipes))
             else:
                 for r in seg.recipes:
                     position += 1
+                    step += 1
                     if ahead is not None:
                         ahead.submit(position)
                     refolds.restore(r, env)
@@ -255,7 +302,8 @@ def run_batch(
                     define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
                     del outs
                     _release(env, uses, r.args)
-                    refolds.release(position, r, env)
+                    refolds.release(step, r, env)
+                    refolds.prefetch(step, env)
                     tick(1)
             if timings is not None:
                 timings.append((time.perf_counter() - start, compiling[0]))
@@ -471,6 +519,8 @@ class _AnyEnv(dict):
 
     def __missing__(self, var):
         return jax.ShapeDtypeStruct(var.aval.shape, var.aval.dtype)
+
+
 
 
 def _structure(recipes, env, outputs):

@@ -6,6 +6,8 @@ Part of the folding back end (:func:`pejit._batch.run_batch`): see :class:`Refol
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import heapq
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +36,9 @@ REMAT_DEPTH = 3
 #: ahead (WaveEquation2D at full size: 65 recomputations of TFC's basis, 2.7 s;
 #: with none held, 92 and 3.4 s; 294 MiB live at most against 393 MiB)
 REMAT_HELD = 128 * 2**20
+#: How many equations ahead of its read a dropped value is computed again on
+#: the worker (see Refolds.prefetch).
+REMAT_LEAD = 16
 
 
 class Refolds:
@@ -51,14 +56,18 @@ class Refolds:
     read is far; its equations run again just before that read.
     """
 
-    def __init__(self, eager: Sequence[Any], env: dict, uses: Counter, kernels: Any = None):
+    def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
+                 worker: concurrent.futures.Executor | None = None):
         self._kernels = kernels  # pejit._offload.Kernels: a kernel runs again by its lowering
+        self._worker = worker  # computes dropped values again ahead of their reads
+        self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
+        self._ahead: dict[Any, concurrent.futures.Future] = {}
         self._producer: dict[Any, tuple[Any, int]] = {}  # var -> (its recipe, depth)
         self._next: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
         self._missing: set = set()  # dropped, or released at a last use that was not the last
         self._held: dict[Any, int] = {}  # large values of constants alone in env: their bytes
         pinned = set()
-        for i, r in enumerate(eager):
+        for i, r in enumerate(recipes):
             for a in r.args:
                 if _is_var(a):
                     self._next[a].append(i)
@@ -77,20 +86,42 @@ class Refolds:
             uses[a] += 1
 
     def restore(self, r, env: dict) -> None:
-        """Compute again the inputs of ``r`` that were dropped."""
+        """Compute again the inputs of ``r`` that were dropped (or take them from the worker)."""
         for a in r.args:
             if _is_var(a) and a not in env and a in self._missing:
                 self._missing.discard(a)
-                env[a] = self._value(a, env, {})
+                future = self._ahead.pop(a, None)
+                try:  # what the worker has not started is computed here
+                    value = future.result() if future is not None and not future.cancel() else None
+                except Exception:  # noqa: BLE001 - computed here instead, where an error is the batch's
+                    value = None
+                env[a] = self._value(a, env, {}) if value is None else value
+
+    def prefetch(self, position: int, env: dict) -> None:
+        """Have the worker compute again the dropped values read within
+        :data:`REMAT_LEAD` equations after ``position``, where their
+        equation's inputs are held: the folding thread then finds them
+        computed, as it finds the kernels the worker ran (see
+        :mod:`pejit._offload`), instead of computing them at the read."""
+        while self._dropped and self._dropped[0][0] - position <= REMAT_LEAD:
+            _, _, a = heapq.heappop(self._dropped)
+            if a in env or a not in self._missing or a in self._ahead:
+                continue
+            p = self._producer[a][0]
+            if all(not _is_var(b) or b in env for b in p.args):
+                args = [env[b] if _is_var(b) else b for b in p.args]
+                self._ahead[a] = self._worker.submit(self._compute, p, args)
+
+    def _compute(self, p, args: list):
+        out = None if self._kernels is None else self._kernels.compute(p, args)
+        return evaluate(p, args) if out is None else out
 
     def _value(self, a, env: dict, scratch: dict):
         if a in env:
             return env[a]
         if a not in scratch:
             p = self._producer[a][0]
-            args = [self._value(b, env, scratch) if _is_var(b) else b for b in p.args]
-            out = None if self._kernels is None else self._kernels.compute(p, args)
-            scratch[a] = evaluate(p, args) if out is None else out
+            scratch[a] = self._compute(p, [self._value(b, env, scratch) if _is_var(b) else b for b in p.args])
         return scratch[a]
 
     def release(self, position: int, r, env: dict) -> None:
@@ -114,3 +145,5 @@ class Refolds:
                 break
             del env[far], self._held[far]
             self._missing.add(far)
+            if self._worker is not None:
+                heapq.heappush(self._dropped, (self._next[far][0], id(far), far))

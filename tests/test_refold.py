@@ -1,0 +1,86 @@
+"""Values of a batch that constants alone define, dropped between far reads
+and computed again (pejit._refold), whichever back end reads them."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend.core import Primitive
+
+from pejit import _batch, _compat, _offload, _refold
+from pejit._batch import Recipe, Segment
+
+C = jnp.asarray(np.random.default_rng(0).standard_normal((600, 600)).astype(np.float32))  # 1.4 MB
+SMALL = [jnp.full((8,), float(k), np.float32) for k in range(40)]
+
+
+def _recipe(fun, args, like):
+    """A recipe of ``fun``'s one equation on ``args`` (values, or variables of other recipes)."""
+    (eqn,) = jax.make_jaxpr(fun)(*like).eqns
+    out = _compat.new_var(eqn.outvars[0].aval)
+    return Recipe(eqn.primitive, tuple(args), eqn.params, (out,)), out
+
+
+#: Waits (10 s at most) until a value is being computed again: the folding
+#: thread's work while the worker computes ahead.
+recomputing = threading.Event()
+wait_p = Primitive("test_refold_wait")
+wait_p.def_impl(lambda x: recomputing.wait(10) and x)
+wait_p.def_abstract_eval(lambda x: x)
+
+
+def _batch_reading_h_far_apart():
+    """``h = exp(C)``, read at once, by a compiled segment 40 equations later, and after it."""
+    r_h, h = _recipe(lax.exp, [C], [C])
+    r_first, first = _recipe(lax.neg, [h], [C])
+    fillers = [_recipe(lax.sin, [s], [s]) for s in SMALL[:-1]]
+    fillers.append(_recipe(wait_p.bind, [SMALL[-1]], [SMALL[-1]]))
+    r_mul, m = _recipe(lax.mul, [h, C], [C, C])
+    r_add, y = _recipe(lax.add, [m, C], [C, C])
+    r_last, last = _recipe(lax.neg, [h], [C])
+    segments = [
+        Segment("eager", (r_h, r_first, *(r for r, _ in fillers))),
+        Segment("compiled", (r_mul, r_add)),
+        Segment("eager", (r_last,)),
+    ]
+    return segments, [first, *(v for _, v in fillers), y, last]
+
+
+@pytest.fixture
+def computed_again(monkeypatch):
+    """Drop every large value of constants alone at once; record the threads that compute them again."""
+    monkeypatch.setattr(_refold, "REMAT_HELD", 0)
+    monkeypatch.setattr(_refold, "REMAT_GAP", 8)
+    threads = []
+    compute = _refold.Refolds._compute
+    recomputing.clear()
+
+    def recorded(self, p, args):
+        threads.append(threading.current_thread())
+        recomputing.set()
+        return compute(self, p, args)
+
+    monkeypatch.setattr(_refold.Refolds, "_compute", recorded)
+    return threads
+
+
+def test_a_dropped_value_read_by_a_compiled_segment_is_computed_again(computed_again):
+    segments, outputs = _batch_reading_h_far_apart()
+    first, *_, y, last = _batch.run_batch(segments, {}, outputs)
+    h = np.exp(np.asarray(C, np.float64))
+    np.testing.assert_allclose(first, -h, rtol=1e-6)
+    np.testing.assert_allclose(y, h * np.asarray(C) + np.asarray(C), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(last, -h, rtol=1e-6)
+    assert computed_again  # dropped after its first read, not held across the fillers
+
+
+@pytest.mark.skipif(_offload._cores() < 2, reason="one core: no worker to compute ahead")
+def test_the_worker_computes_a_dropped_value_ahead_of_its_read(computed_again):
+    segments, outputs = _batch_reading_h_far_apart()
+    _batch.run_batch(segments, {}, outputs)
+    assert any(t is not threading.main_thread() for t in computed_again)
