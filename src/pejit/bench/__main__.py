@@ -1,7 +1,9 @@
 """Run the benchmark suite: ``python -m pejit.bench [--quick] [--out DIR]``.
 
-Writes ``RESULTS.md`` and PNG plots (when matplotlib is installed) to
-``--out`` (default ``benchmarks/``) and prints PASS/FAIL per target. TFC's
+Writes ``RESULTS-quick.md`` (or, without ``--quick``, ``RESULTS-full.md``)
+and PNG plots (when matplotlib is installed) to ``--out`` (default
+``benchmarks/``, which keeps the latest of each) and prints PASS/FAIL per
+target. TFC's
 ``pejit`` runs in a separate Python (``--tfc-python`` or the
 ``PEJIT_BENCH_TFC_PYTHON`` environment variable; by default this Python if
 it can import ``tfc``); without one, TFC's figures read "n/a".
@@ -42,8 +44,9 @@ def find_tfc_python(option: str | None) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pejit.bench", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--quick", action="store_true", help="smaller problems, fewer repeats (< 3 minutes)")
-    parser.add_argument("--out", default="benchmarks", help="directory for RESULTS.md and plots")
-    parser.add_argument("--name", default="RESULTS.md", help="file name of the results")
+    parser.add_argument("--out", default="benchmarks", help="directory for the results and plots")
+    parser.add_argument("--name", default=None,
+                        help="file name of the results (default: RESULTS-quick.md, or RESULTS-full.md)")
     parser.add_argument("--tfc-python", default=None, help="a Python with tfc installed")
     parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,11,12,13,14,15",
                         help="comma-separated case numbers (10, the persistent cache, runs many fresh processes: ask for it)")
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="case 9's full-mode sizes, comma-separated: full, wave2d_full, large (default: all;"
                              " TFC at large needs about 16 GB)")
     args = parser.parse_args(argv)
+    if args.name is None:
+        args.name = "RESULTS-quick.md" if args.quick else "RESULTS-full.md"
 
     tfc_python = find_tfc_python(args.tfc_python)
     selected = {int(c) for c in args.cases.split(",")}
