@@ -1,4 +1,7 @@
-"""Residual algebra: affine regions collapse into one matrix (pejit._affine, pejit._collapse), checked against NumPy."""
+"""Residual algebra: affine regions collapse into one matrix, checked against NumPy.
+
+(pejit._residual._affine finds the regions, pejit._residual._collapse replaces them.)
+"""
 
 import jax
 import jax.numpy as jnp
@@ -280,7 +283,7 @@ def test_a_large_expansion_is_not_stored():
 def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
     """A region over ``BUILD_FLOPS`` still collapses where the host builds its matrix
     (concrete constants, rules for every equation), not where ``jvp`` would."""
-    from pejit import _collapse
+    from pejit._residual import _collapse
 
     monkeypatch.setattr(_collapse, "BUILD_FLOPS", 0.0)
     closed = jax.make_jaxpr(chain)(C1, C2, C3, X)
@@ -301,7 +304,7 @@ def test_both_forms_collapse_what_the_host_builds_for_every_value(monkeypatch):
     value's matrix (``host_affine_matrices``, which has no lowering), so the
     folding program is evaluated, never compiled (by ``jvp`` it would cost
     more than folding the value from scratch)."""
-    from pejit import _collapse
+    from pejit._residual import _collapse
 
     monkeypatch.setattr(_collapse, "BUILD_FLOPS", 0.0)
     tfc = pejit(C1, C2, C3, X, constant_arg_nums=[0, 1, 2])(chain)

@@ -376,7 +376,7 @@ def test_the_estimate_maps_keyword_arguments_by_name():
     assert f.cache_info().misses == 1
 
 def test_a_small_fold_is_promoted_as_one_compiled_program():
-    from pejit._estimates import fold_plan
+    from pejit._reports._estimates import fold_plan
 
     closed = jax.make_jaxpr(loss)(ws[0], data(0))
     assert fold_plan(closed, [1]) == "compiled"  # 9 distinct operations: one program beats nine

@@ -11,9 +11,9 @@ import pytest
 from jax.extend.core import Primitive
 
 from pejit import FoldOptions, pe, pejit
-from pejit import _batch
-from pejit._folding import Folder
-from pejit._staging import trace_staging
+from pejit._fold import _batch
+from pejit._fold._folding import Folder
+from pejit._fold._staging import trace_staging
 from ._util import requires_jax
 
 BACKENDS = ["auto", "eager", "compiled"]

@@ -41,7 +41,7 @@ def test_cache_info_and_clear_like_functools():
 
 
 def test_cache_clear_frees_every_cached_program():
-    from pejit import _batch
+    from pejit._fold import _batch
 
     def chain(a):  # long enough for the compiled back end to take a batch of it
         for _ in range(8):
@@ -162,7 +162,7 @@ def test_mutated_numpy_constant_is_never_stale():
 
 
 def _count_digests(monkeypatch) -> list:
-    from pejit import _keys
+    from pejit._calls import _keys
 
     calls, digest = [], _keys._digest
     monkeypatch.setattr(_keys, "_digest", lambda a: calls.append(a.nbytes) or digest(a))
@@ -196,7 +196,7 @@ def test_numpy_constants_take_the_hot_path_and_are_still_never_stale(form, monke
 
 
 def test_a_large_numpy_constant_is_guarded_by_its_digest(monkeypatch):
-    from pejit._keys import SNAPSHOT_BYTES
+    from pejit._calls._keys import SNAPSHOT_BYTES
 
     n = int(np.sqrt(SNAPSHOT_BYTES / 4)) + 8
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)

@@ -1,5 +1,5 @@
 """Known work inside ``custom_vjp``/``custom_jvp`` calls that also take dynamic inputs is folded
-(``pejit.rules.custom``), and the user's rules still give the derivatives of the dynamic inputs.
+(``pejit._residual.rules.custom``), and the user's rules still give the derivatives of the dynamic inputs.
 
 Each case compares values and derivatives with ``jax.jit`` of the same function, and checks
 what the residual jaxpr keeps: the custom call stays, the factorization inside it does not.

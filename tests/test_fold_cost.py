@@ -16,7 +16,7 @@ import pytest
 import pejit as pejit_module
 from pejit import pejit
 from pejit import _compat
-from pejit._staging import trace_staging
+from pejit._fold._staging import trace_staging
 
 
 def many_constants(a, x, k):
@@ -134,7 +134,7 @@ def test_intermediates_die_after_their_last_use(form):
 def test_kept_values_are_compact():
     """Values kept between batches: uniform ones cost no memory, equal ones are kept once."""
     from pejit import FoldOptions
-    from pejit._folding import Folder
+    from pejit._fold._folding import Folder
 
     a = jnp.asarray(np.arange(4096, dtype=np.float32))
 
@@ -171,7 +171,8 @@ def test_stages_are_logged(caplog):
 def test_progress_without_tqdm_prints_lines(monkeypatch, capsys, how):
     import sys
 
-    from pejit import FoldOptions, _progress
+    from pejit import FoldOptions
+    from pejit._fold import _progress
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # not installed
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)

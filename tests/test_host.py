@@ -1,4 +1,4 @@
-"""The host rules of the folding back end (pejit._host): JAX's bits, no compiles."""
+"""The host rules of the folding back end (pejit._fold._host): JAX's bits, no compiles."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from pejit import _batch, _compat, _host
+from pejit import _compat
+from pejit._fold import _batch, _host
 
 from ._util import Compiles, x64
 

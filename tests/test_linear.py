@@ -1,4 +1,4 @@
-"""The host rules that build an affine region's matrix (pejit._linear), against ``jax.jacfwd``."""
+"""The host rules that build an affine region's matrix (pejit._residual._linear), against ``jax.jacfwd``."""
 
 import threading
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from jax import lax
 
-from pejit import _compat, _linear, _offload, pejit
+from pejit import _compat, pejit
+from pejit._fold import _offload
+from pejit._residual import _linear
 
 from ._util import Compiles, x64
 

@@ -150,7 +150,7 @@ def test_warning_under_python_c():
         import warnings
         import numpy as np, jax.numpy as jnp
         from pejit import pejit
-        from pejit._errors import WritableConstantWarning
+        from pejit._calls._errors import WritableConstantWarning
         A = np.ones((1200, 1200), np.float32)
         x = jnp.ones(1200)
         with warnings.catch_warnings(record=True) as caught:

@@ -1,4 +1,4 @@
-"""Kernels of a fold run on a worker thread beside the rest of it (pejit._offload)."""
+"""Kernels of a fold run on a worker thread beside the rest of it (pejit._fold._offload)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from pejit import pe, pejit
-from pejit import _abstract, _batch, _compat, _offload
-from pejit._batch import Recipe
-from pejit._program import FoldingProgram
+from pejit import _compat
+from pejit._fold import _abstract, _batch, _offload
+from pejit._fold._batch import Recipe
+from pejit._calls._program import FoldingProgram
 
 from ._util import Compiles
 

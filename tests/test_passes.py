@@ -239,8 +239,8 @@ def _mixed(c, x):
 
 def test_a_nested_call_folds_its_known_part_as_one_recipe(monkeypatch):
     """The known equations of a call with mixed inputs are not traced one by one."""
-    from pejit._folding import Folder
-    from pejit.rules import calls
+    from pejit._fold._folding import Folder
+    from pejit._residual.rules import calls
 
     c, x = jnp.linspace(0.1, 1.0, 6), jnp.arange(4.0)
     f = lambda c, x: jax.jit(_mixed)(c, x)  # noqa: E731
@@ -262,7 +262,7 @@ def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_fo
     inlines it: two calls on the same known input fold its known
     work once, where a known part per call computed it twice (TFC's
     full-size PDE: 2029 equal folds found instead of 885, 2 s of its 11)."""
-    from pejit import _abstract, _batch, _offload
+    from pejit._fold import _abstract, _batch, _offload
 
     scaled = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) * x, inline=True)
     shifted = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) - x, inline=True)  # another body, the same known work

@@ -1,4 +1,4 @@
-"""The persistent cache of folded constants (pejit._persist): keys, hits, faults, CLI."""
+"""The persistent cache of folded constants (pejit._calls._persist): keys, hits, faults, CLI."""
 
 import contextlib
 import errno
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from pejit import FoldOptions, PersistentCacheWarning, pejit
-from pejit import _jaxpr_json, _persist, _specializer
+from pejit._calls import _jaxpr_json, _persist, _specializer
 from pejit._demo import main as cli
-from pejit._persist import Store
+from pejit._calls._persist import Store
 
 READ = "read from the persistent cache"
 
@@ -128,7 +128,8 @@ def test_the_key_is_the_same_in_every_process():
         import jax, numpy as np
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_persist import A, X, many_parts
-        from pejit import FoldOptions, _persist
+        from pejit import FoldOptions
+        from pejit._calls import _persist
         print(_persist.key(FoldOptions(), (0,), jax.make_jaxpr(many_parts)(A, X), None, [A]))
     """)
     keys = set()

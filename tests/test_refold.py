@@ -1,5 +1,5 @@
 """Values of a batch that constants alone define, dropped between far reads
-and computed again (pejit._refold), whichever back end reads them."""
+and computed again (pejit._fold._refold), whichever back end reads them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 from jax import lax
 from jax.extend.core import Primitive
 
-from pejit import _batch, _compat, _offload, _refold
-from pejit._batch import Recipe, Segment
+from pejit import _compat
+from pejit._fold import _batch, _offload, _refold
+from pejit._fold._batch import Recipe, Segment
 
 C = jnp.asarray(np.random.default_rng(0).standard_normal((600, 600)).astype(np.float32))  # 1.4 MB
 SMALL = [jnp.full((8,), float(k), np.float32) for k in range(40)]

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-from pejit import _host, pejit
+from pejit import pejit
+from pejit._fold import _host
 
-N, M = 40, 24  # 160-byte coordinates: not evaluated on the spot (pejit._folding.TINY_BYTES)
+N, M = 40, 24  # 160-byte coordinates: not evaluated on the spot (pejit._fold._folding.TINY_BYTES)
 W = np.linspace(-1, 1, M, dtype=np.float32).reshape(1, M)
 Z0, O0 = np.zeros(N, np.float32), np.ones(N, np.float32)
 

@@ -17,7 +17,7 @@ from jax.extend.core import Literal, Primitive, Var
 from jax.interpreters import ad, batching
 
 from pejit import FoldOptions, pejit
-from pejit._primitives import FUSES_OPERANDS
+from pejit._fold._primitives import FUSES_OPERANDS
 
 from ._util import primitive_names
 

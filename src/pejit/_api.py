@@ -12,11 +12,12 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _compat, _errors
+from . import _compat
+from ._calls import _errors
 from ._auto import AutoPejitted
 from ._auto import options as auto_options
-from ._cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE
-from ._options import FoldOptions
+from ._calls._cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE
+from ._fold._options import FoldOptions
 from ._jit import Pejitted
 from ._tfc import BoundPejitted
 

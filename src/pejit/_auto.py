@@ -10,10 +10,10 @@ instead of asking which arguments are fixed:
   ``jax.Array``, or a NumPy array nobody can write) on ``auto_after``
   consecutive calls;
 * it then estimates, on the jaxpr, the FLOPs per call that folding that
-  argument would remove (:func:`~pejit._estimates.removed_flops`) and promotes it to a constant
+  argument would remove (:func:`~pejit._reports._estimates.removed_flops`) and promotes it to a constant
   of a :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``;
   a small fold is then evaluated by one compiled program rather than op by
-  op (:func:`~pejit._estimates.fold_plan`: in a cold process each primitive would compile a
+  op (:func:`~pejit._reports._estimates.fold_plan`: in a cold process each primitive would compile a
   program of its own);
 * calls whose promoted arguments are those same objects (an O(1) identity
   guard, through weak references) go to the ``Pejitted``; any other call
@@ -44,13 +44,13 @@ import jax
 import numpy as np
 
 from . import _compat
-from ._cache import DEFAULT_CACHE_SIZE, CacheInfo
-from ._estimates import fold_plan, removed_flops
-from ._options import FoldOptions
+from ._calls._cache import DEFAULT_CACHE_SIZE, CacheInfo
+from ._reports._estimates import fold_plan, removed_flops
+from ._fold._options import FoldOptions
 from ._jit import Pejitted
-from ._keys import immutable
-from ._report import FoldReport
-from ._unfolded import explained
+from ._calls._keys import immutable
+from ._reports._report import FoldReport
+from ._calls._unfolded import explained
 
 #: The default ``auto_min_flops``: promotion costs one fold and one compile
 #: (tens of milliseconds here), and removing 2e6 FLOPs per call saves about
@@ -302,7 +302,10 @@ class AutoPejitted:
         return special
 
     def _one_compiled_fold(self, keys: tuple, args: tuple, kwargs: dict) -> bool:
-        """Whether to fold the promoted ``keys`` by one compiled program (see :func:`~pejit._estimates.fold_plan`)."""
+        """Whether to fold the promoted ``keys`` by one compiled program.
+
+        See :func:`~pejit._reports._estimates.fold_plan`.
+        """
         try:
             closed, ranges = self._traced(args, kwargs)
         except Exception:  # noqa: BLE001 -- _consider traced the same; keep the default fold

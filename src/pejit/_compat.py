@@ -2,7 +2,7 @@
 
 Here are the imports of ``jax._src``, the version probing, the aliases and
 helpers built on them (jaxpr construction, ``scan``'s parameters, tracers,
-evaluation contexts). :mod:`pejit._staging` builds pejit's staging trace on
+evaluation contexts). :mod:`pejit._fold._staging` builds pejit's staging trace on
 the trace classes and contexts exported here, and imports no internal itself.
 
 A JAX upgrade should be a one-file change: when an internal moves, fix it
@@ -20,7 +20,7 @@ Internals used, why no public API does the job, and where versions differ:
   subclass of ``DynamicJaxprTrace`` so that it can decide, equation by
   equation, whether to evaluate (fold) or to stage, and builds the residual
   jaxpr as ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``; the subclass
-  is :mod:`pejit._staging`'s, on the classes and contexts exported below). The public
+  is :mod:`pejit._fold._staging`'s, on the classes and contexts exported below). The public
   ``jax.ensure_compile_time_eval`` folds *everything* whose inputs are
   concrete, including ``jax.debug.print`` and ``io_callback``, which must stay
   in the residual program. ``Primitive.bind_with_trace`` takes the input
@@ -75,7 +75,7 @@ Internals used, why no public API does the job, and where versions differ:
   (interned) ``AxisEnv`` itself in ``core`` on recent JAX, its hashable key
   (``()`` at top level) in ``config`` on 0.7.
 * ``jax.stages.Traced``'s state and ``jax.export``'s lowering parameters:
-  pejit's :class:`~pejit._stages.Traced` is a subclass of JAX's, made from
+  pejit's :class:`~pejit._calls._stages.Traced` is a subclass of JAX's, made from
   a trace ``jax.jit`` returns by copying its state (slots and, on 0.7,
   ``__dict__``: the layout changes between versions, :func:`as_traced`);
   ``jax.export`` (0.7 to 0.12) lowers ``fun.trace(...)`` with
@@ -501,7 +501,7 @@ def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
     """Bind ``prim`` on known ``args``: eagerly, or on ``trace``.
 
     ``trace`` is the outer trace of abstract constants (see
-    :mod:`pejit._abstract`), which then stages ``prim`` into its program.
+    :mod:`pejit._fold._abstract`), which then stages ``prim`` into its program.
 
     Our trace may turn on ``eager_constant_folding``; it must not leak into
     the compilation of ``prim`` (lowering a ``scan`` binds ``empty``, which
@@ -540,9 +540,9 @@ def primitive_effects(prim, avals: Sequence[Any], params: dict):
     return effects
 
 
-# -- what the staging trace (pejit._staging) is made of -----------------------
-#: The trace and tracer classes :class:`~pejit._staging.StagingTrace` and
-#: :class:`~pejit._staging.KnowableTracer` extend (``_METHODS`` above lists the
+# -- what the staging trace (pejit._fold._staging) is made of -----------------
+#: The trace and tracer classes :class:`~pejit._fold._staging.StagingTrace` and
+#: :class:`~pejit._fold._staging.KnowableTracer` extend (``_METHODS`` above lists the
 #: methods overridden or called, checked at import).
 DynamicJaxprTrace = _pe.DynamicJaxprTrace
 DynamicJaxprTracer = _pe.DynamicJaxprTracer

@@ -29,8 +29,8 @@ from jax.interpreters import ad
 
 from ._explain import explain
 from ._api import pejit
-from ._options import FoldOptions
-from ._persist import cache_dir
+from ._fold._options import FoldOptions
+from ._calls._persist import cache_dir
 
 
 # -- seed 000, part 1: a Chebyshev basis in pure JAX --------------------------
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--dir", help="the cache directory (default: PEJIT_CACHE_DIR, else JAX's cache dir)")
     args = parser.parse_args(argv)
     if args.command == "cache":
-        from ._persist import main as cache_main
+        from ._calls._persist import main as cache_main
 
         return cache_main(args.action, args.dir)
     demo(n=args.n, repeat=args.repeat)

@@ -3,7 +3,7 @@
 The entry point above every form of function pejit makes: a plain function
 with its constant arguments named, a ``Pejitted``, the TFC form's
 ``BoundPejitted`` and an ``AutoPejitted`` all lead to one specialization's
-report with its unfolded program (:mod:`pejit._unfolded`).
+report with its unfolded program (:mod:`pejit._calls._unfolded`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 from . import _compat
 from ._auto import AutoPejitted
 from ._jit import Pejitted
-from ._options import FoldOptions
-from ._report import FoldReport
+from ._fold._options import FoldOptions
+from ._reports._report import FoldReport
 from ._tfc import BoundPejitted, core_call
-from ._unfolded import explained
+from ._calls._unfolded import explained
 
 
 @_compat.api_boundary

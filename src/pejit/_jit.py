@@ -1,11 +1,11 @@
 """The ``jax.jit`` form of pejit: :class:`Pejitted`.
 
-A thin object over its parsed options (:class:`~pejit._info.PejitInfo`):
+A thin object over its parsed options (:class:`~pejit._calls._info.PejitInfo`):
 without constant arguments it is ``jax.jit(f)`` under another name; with
-them it builds one dispatcher per argument layout (:mod:`pejit._dispatch`),
-keys calls, keeps specializations in its :class:`~pejit._cache.Caches`, and
+them it builds one dispatcher per argument layout (:mod:`pejit._calls._dispatch`),
+keys calls, keeps specializations in its :class:`~pejit._calls._cache.Caches`, and
 serves ``jax.jit``'s staged API. Folding is the specializer's
-(:mod:`pejit._specializer`); the TFC form wraps a ``Pejitted``
+(:mod:`pejit._calls._specializer`); the TFC form wraps a ``Pejitted``
 (:mod:`pejit._tfc`); :func:`~pejit.pejit` and :func:`~pejit.pe` make both
 (:mod:`pejit._api`).
 """
@@ -22,16 +22,17 @@ from typing import Any
 
 import jax
 
-from . import _compat, _errors
-from ._cache import CacheInfo, Caches
-from ._dispatch import Layout, dispatcher, memo, straight_line
-from ._stats import FoldStats
-from ._info import fixed_positions, parse_pejit_arguments, split_call
-from ._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
-from ._program import OtherSignature, Program, Specialization
-from ._specializer import jit_kwargs_for, make_runner, specialize
-from ._staging import ClosedOverTracer, specializing
-from ._stages import Lowered, Traced
+from . import _compat
+from ._calls import _errors
+from ._calls._cache import CacheInfo, Caches
+from ._calls._dispatch import Layout, dispatcher, memo, straight_line
+from ._fold._stats import FoldStats
+from ._calls._info import fixed_positions, parse_pejit_arguments, split_call
+from ._calls._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
+from ._calls._program import OtherSignature, Program, Specialization
+from ._calls._specializer import jit_kwargs_for, make_runner, specialize
+from ._fold._staging import ClosedOverTracer, specializing
+from ._calls._stages import Lowered, Traced
 
 _tree_unflatten = jax.tree_util.tree_unflatten
 _tree_leaves = jax.tree_util.tree_leaves
@@ -66,7 +67,7 @@ class Pejitted:
     one keyed on a ``jax.Array`` constant is dropped when that array dies.
     ``lower``, ``trace`` and ``eval_shape`` work as on ``jax.jit``;
     ``report`` summarizes a specialization. ``info`` holds the options,
-    parsed and checked once (``pejit._info.PejitInfo``).
+    parsed and checked once (``pejit._calls._info.PejitInfo``).
 
     Without constant arguments there is nothing to fold, and a ``pejit``
     function is ``jax.jit(f, **jit_kwargs)``: calls, ``lower``, ``trace``,

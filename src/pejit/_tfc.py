@@ -13,12 +13,12 @@ import functools
 import operator
 from collections.abc import Callable
 
-from . import _argnums, _errors
-from ._argnums import interleave
-from ._dispatch import bound_dispatcher
+from ._calls import _argnums, _errors
+from ._calls._argnums import interleave
+from ._calls._dispatch import bound_dispatcher
 from ._jit import Pejitted, dynamic_function, layout_dispatch
-from ._program import Specialization
-from ._stages import Lowered, Traced
+from ._calls._program import Specialization
+from ._calls._stages import Lowered, Traced
 
 
 class BoundPejitted:

@@ -1,0 +1,166 @@
+"""The hot path of a call: one generated function per argument layout.
+
+A cached call has a budget of a few microseconds over ``jax.jit``'s own
+call, so pejit does not check what ``jax.jit`` checks anyway. The residual
+of a specialization is a ``jax.jit`` function of the dynamic arguments
+(:func:`pejit._calls._program.runner`): its C++ dispatch flattens their pytrees
+and checks their types, shapes, weak types, shardings, keys and NumPy or
+Python scalars, and compiles again for a new one. All pejit adds is the
+constants' identity: the memo of the last call (its constants' ``id``, and
+a check of NumPy constants' contents) selects the residual, and the call's
+dynamic arguments, positional and keyword, go to it as they are. A
+residual traced again for types it was not folded for raises
+:class:`~pejit._calls._keys.OtherSignature`, and the call specializes anew.
+
+The dispatcher is generated as straight-line code for each number of
+positional arguments, as ``dataclasses`` generates ``__init__``: no loops
+over positions, no method lookups. The source is built from integer
+positions only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import _compat
+from ._cache import FastPath
+from ._errors import GENERATED
+from ._keys import OtherSignature, immutable, same_constant, unchanged
+
+
+class Layout(NamedTuple):
+    """Where the constants are in a call with a given number of positional arguments.
+
+    ``dynamic(args)`` picks the dynamic arguments; ``dispatch(*args, **kwargs)``
+    is the call itself, through the cache (see :func:`dispatcher`).
+    """
+
+    const: tuple[int, ...]
+    dyn: tuple[int, ...]
+    dynamic: Callable[[tuple], tuple]
+    dispatch: Callable
+
+
+_SOURCE = """
+def dispatch(*args, **kwargs):
+    if len(args) != {n}:
+        return route(args, kwargs)
+    if {unusual}:
+        return uncached(args, kwargs)
+    if dead:
+        purge()
+    memo = last[0]
+    if memo[0] == {n} and {memo_check} and (memo[-2] is None or memo[-2]()):
+        counts.hits += 1
+        try:
+            return memo[-1]({dynamic}**kwargs)
+        except OtherSignature:
+            counts.hits -= 1
+    return uncached(args, kwargs)
+"""
+
+
+def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: FastPath, route: Callable,
+               uncached: Callable, disable_jit: Any = None, fixed_names: frozenset[str] = frozenset()) -> Callable:
+    """The call with ``n`` positional arguments, through the ``cache`` view.
+
+    A call whose constants are the memo's (see :func:`memo`) is served in one
+    straight-line frame: the residual is called through a C-level
+    ``functools.partial``, with the call's dynamic arguments, keywords
+    included. Other numbers of arguments go to ``route``; everything else
+    (another constant, a constant keyword among ``fixed_names``, dynamic
+    arguments of another type) to ``uncached``; so do all calls while
+    ``disable_jit.value`` is true (``jax.disable_jit()``'s state, for a
+    compiled function) or named axes are in effect (``vmap`` with an axis
+    name: the full key includes them).
+
+    An id in the memo only ever comes from a live constant: a ``jax.Array``
+    is watched (dead ones are purged first), anything else is held by the memo.
+    """
+    memo_check = " and ".join(f"id(args[{i}]) == memo[{j + 1}]" for j, i in enumerate(const))
+    unusual = ["axes.value is not no_axes"]
+    if disable_jit is not None:
+        unusual.append("disable_jit.value")
+    if fixed_names:
+        unusual.append("(kwargs and not fixed_names.isdisjoint(kwargs))")
+    source = _SOURCE.format(
+        n=n, memo_check=memo_check or "True", dynamic="".join(f"args[{i}], " for i in dyn),
+        unusual=" or ".join(unusual),
+    )
+    namespace = cache._asdict() | {
+        "route": route, "uncached": uncached, "disable_jit": disable_jit, "fixed_names": fixed_names,
+        "axes": _compat.AXIS_ENV, "no_axes": _compat.NO_AXES, "OtherSignature": OtherSignature,
+    }
+    exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
+    return namespace["dispatch"]
+
+
+#: Constants a memo may hold and recognize by identity: immutable values
+#: (with NumPy arrays, whose contents the memo's guard checks).
+_HELD = (int, float, complex, bool, str, bytes, type(None), np.generic)
+
+
+def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple:
+    """The memo of a call: its constants' identities, what it holds, its guard, and ``call``.
+
+    ``constants`` is the call's constants' key (``Pejitted._constant_key``).
+    A ``jax.Array`` is recognized by identity (the cache watches it, and its
+    death purges the memo), and so is an immutable scalar or string (held).
+    A writable NumPy array is held, and the guard checks its bytes
+    (:func:`~pejit._calls._keys.unchanged`: the TFC form binds its constants once,
+    as NumPy arrays in TFC's programs, and every call passes the same
+    objects); a read-only one is watched. A pytree constant (a dict, a
+    list: its contents can change under the same identity) is held, and the
+    guard computes its key again: a flatten, not the whole call's key.
+    """
+    consts = [args[i] for i in layout.const]
+    held, arrays, trees = [], [], []
+    for i, c, k in zip(layout.const, consts, constants):
+        if type(c) is _compat.ArrayImpl or (type(c) is np.ndarray and immutable(c)):
+            continue  # watched by the entry
+        held.append(c)
+        if type(c) is np.ndarray:
+            arrays.append(c)
+        elif not isinstance(c, _HELD):
+            trees.append((i, c, k))
+    guard = unchanged(arrays)
+    if trees:
+        guard = functools.partial(_trees_unchanged, guard, trees)
+    return (len(args), *[id(c) for c in consts], held, guard, call)
+
+
+def _trees_unchanged(arrays: Callable[[], bool] | None, trees: list[tuple]) -> bool:
+    """The guard of a memo with pytree constants: its NumPy ones unchanged, and
+    each tree's key what it was."""
+    return (arrays is None or arrays()) and all(same_constant(i, c, k) for i, c, k in trees)
+
+
+_BOUND_SOURCE = """
+def call(*args, **kwargs):
+    if kwargs or len(args) != {k}:
+        full(args, kwargs)  # raises the TypeError
+    return dispatch({merged})
+"""
+
+
+def bound_dispatcher(n: int, constants: dict[int, Any], dispatch: Callable, full: Callable) -> Callable:
+    """The call of the TFC form: its bound constants merged back in, then ``dispatch``.
+
+    ``dispatch`` is the dispatcher of the ``n`` full arguments; ``full(args, kwargs)``
+    raises the ``TypeError`` for keywords or a wrong number of arguments.
+    """
+    dyn = iter(range(n - len(constants)))
+    merged = ", ".join(f"c{i}" if i in constants else f"args[{next(dyn)}]" for i in range(n))
+    namespace = {f"c{i}": v for i, v in constants.items()} | {"dispatch": dispatch, "full": full}
+    exec(compile(_BOUND_SOURCE.format(k=n - len(constants), merged=merged), GENERATED, "exec"), namespace)  # noqa: S102
+    return namespace["call"]
+
+
+def straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
+    """``lambda args: (elements...)``, generated; ``elements`` use integer positions only."""
+    body = "".join(f"{e}, " for e in elements)
+    return eval(f"lambda args: ({body})")  # noqa: S307

@@ -1,0 +1,220 @@
+"""Cache keys: which specialization a call selects.
+
+Two keys describe the constants of a call:
+
+* the *value key* selects a specialization. ``jax.Array`` leaves are
+  immutable, so they are keyed by identity (the cache watches them with weak
+  references and drops the entry when they die, so an identity is never
+  recycled into a stale hit). NumPy arrays are mutable, so they are keyed by
+  content: a SHA-1 digest of their bytes, about 1 ms per 4 MB on every call,
+  so that mutating one re-specializes and never returns a stale result.
+  Read-only NumPy arrays whose memory nobody can write (every base read-only
+  too) take the identity path and cost nothing: that is the cheap path for
+  large NumPy constants (``a.flags.writeable = False``). Every other leaf
+  (Python scalars, strings, callables, ...) is keyed by type and value and
+  must be hashable.
+* the *structure key* selects a value-independent template (shapes, dtypes
+  and shardings of the array leaves, values of the others): a new value with
+  the same structure re-specializes by running the template's compiled
+  folding program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import _compat
+from .._fold._values import byte_view
+
+
+class TracedConstant(Exception):
+    """A constant argument is a tracer of an outer transformation."""
+
+
+class OtherSignature(TypeError):
+    """A residual program called with dynamic arguments of types it was not traced for.
+
+    The call path hands a call straight to the residual of the last
+    specialization of its constants, and lets ``jax.jit``'s dispatch check the
+    dynamic arguments: on a type it has not compiled for, ``jax.jit`` traces
+    the runner again, and the runner raises this instead of running a residual
+    folded for other types. The call path then specializes anew; a user
+    calling ``Specialization.call`` directly sees it as a ``TypeError``.
+    """
+
+
+_flatten = jax.tree_util.tree_flatten
+
+
+def constant_key(what: int | str, value: Any) -> Any:
+    """A hashable key for the value of the constant pytree ``value``.
+
+    ``what`` (a position or a keyword) names the argument in error messages.
+
+    A bare ``jax.Array`` is keyed by its identity alone (an int): the hot path
+    computes that key inline, without calling this function.
+    """
+    if type(value) is _compat.ArrayImpl:
+        return id(value)
+    if type(value) is np.ndarray:
+        return _leaf_key(what, value)
+    leaves, treedef = _flatten(value)
+    return (treedef, tuple([_leaf_key(what, leaf) for leaf in leaves]))
+
+
+def same_constant(what: int | str, value: Any, key: Any) -> bool:
+    """Whether the constant ``value`` still has the key ``key`` (False for a tracer)."""
+    try:
+        return constant_key(what, value) == key
+    except TracedConstant:
+        return False
+
+
+def _leaf_key(what: int | str, leaf: Any) -> Any:
+    if type(leaf) is _compat.ArrayImpl:
+        return id(leaf)
+    if isinstance(leaf, _compat.Tracer):
+        raise TracedConstant(what)
+    if isinstance(leaf, jax.Array):
+        return ("array", id(leaf))
+    if isinstance(leaf, np.ndarray):
+        if immutable(leaf):
+            return ("frozen", id(leaf))
+        return ("numpy", leaf.shape, leaf.dtype, _digest(leaf))
+    try:
+        hash(leaf)
+    except TypeError:
+        raise TypeError(
+            f"pejit: argument {what if isinstance(what, int) else repr(what)} has a "
+            f"leaf of type {type(leaf).__name__} that is "
+            "neither an array nor hashable; constant leaves that are not arrays "
+            "act as static values and must be hashable"
+        ) from None
+    return (type(leaf), leaf)
+
+
+#: NumPy constants up to this size are guarded by a copy of their bytes
+#: (compared in well under a microsecond); larger ones by their digest.
+SNAPSHOT_BYTES = 1 << 20
+
+
+def unchanged(arrays: list[np.ndarray]) -> Callable[[], bool] | None:
+    """A check that these NumPy arrays still hold what they hold now (None: nothing to check).
+
+    Read-only arrays nobody can write need no check; the others are compared
+    with a copy of their bytes, or a digest of them when large. The check is
+    one generated expression (it runs on every call of a memo with NumPy
+    constants: 0.1 us per small array). It holds the arrays, so whoever has
+    it sees the same objects.
+    """
+    guarded = [a for a in arrays if not immutable(a)]
+    if not guarded:
+        return None
+    namespace: dict[str, Any] = {"digest": lambda a: _digest(a)}  # noqa: PLW0108 -- this module's, when called
+    terms = []
+    for i, a in enumerate(guarded):
+        namespace |= {f"a{i}": a, f"shape{i}": a.shape, f"dtype{i}": a.dtype, f"contents{i}": _contents(a)}
+        read = f"a{i}.tobytes()" if a.nbytes <= SNAPSHOT_BYTES else f"digest(a{i})"
+        terms.append(f"a{i}.shape == shape{i} and a{i}.dtype == dtype{i} and {read} == contents{i}")
+    check = eval(f"lambda: {' and '.join(terms)}", namespace)  # noqa: S307 -- names by position only
+    check.arrays = arrays  # the identities the memo keys stay these arrays'
+    return check
+
+
+def _contents(a: np.ndarray) -> bytes:
+    return a.tobytes() if a.nbytes <= SNAPSHOT_BYTES else _digest(a)
+
+
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.sha1(byte_view(a)).digest()
+
+
+def immutable(a: np.ndarray) -> bool:
+    """Whether nobody can write ``a``: it and every array it views are read-only
+    (a read-only view of a writable array can still change under it)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes)
+
+
+def watched(leaves: list[Any]) -> list[Any]:
+    """The leaves a value key holds by identity: the cache watches them."""
+    return [
+        leaf for leaf in leaves
+        if isinstance(leaf, jax.Array) or (isinstance(leaf, np.ndarray) and immutable(leaf))
+    ]
+
+
+def is_array(leaf: Any) -> bool:
+    """Whether a constant leaf is an array (abstract in a template)."""
+    return isinstance(leaf, (jax.Array, np.ndarray))
+
+
+def structure_key(leaves: list[Any]) -> tuple:
+    """What a value-independent template depends on: the leaves' types."""
+    return tuple([_leaf_structure(leaf) for leaf in leaves])
+
+
+def _leaf_structure(leaf: Any) -> Any:
+    if isinstance(leaf, jax.Array):
+        # PRNG key arrays have no weak_type before JAX 0.8
+        return ("array", leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), leaf.sharding)
+    if isinstance(leaf, np.ndarray):
+        return ("numpy", leaf.shape, leaf.dtype)
+    return (type(leaf), leaf)
+
+
+def dynamic_key(value: Any, what: int | str | None = None) -> Any:
+    """The part of a call's key that a dynamic argument contributes: its type.
+
+    ``what`` (a position or a keyword) names the argument in error messages.
+    """
+    if type(value) is _compat.ArrayImpl or isinstance(value, _compat.Tracer):
+        return value.aval
+    if isinstance(value, (np.ndarray, np.generic)):  # the key of a jax.Array of its type, as jax.jit's has it
+        return jax.typeof(value)
+    leaves, treedef = _flatten(value)
+    try:
+        return (treedef, tuple([dynamic_aval(leaf) for leaf in leaves]))
+    except NotAnArray:
+        if what is None:
+            raise
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            try:
+                dynamic_aval(leaf)
+            except NotAnArray as e:
+                name = what if isinstance(what, int) else repr(what)
+                e.where = f"argument {name}{jax.tree_util.keystr(path)} is dynamic but has a leaf"
+                raise e from None
+        raise
+
+
+class NotAnArray(TypeError):
+    """A dynamic argument's leaf is not an array: it should be constant."""
+
+    def __init__(self, leaf: Any, where: str = "a dynamic argument has a leaf"):
+        super().__init__()
+        self.leaf_type = type(leaf).__name__
+        self.where = where
+
+    def __str__(self) -> str:
+        return (
+            f"pejit: {self.where} of type {self.leaf_type}, which is not a JAX array "
+            "type; mark the argument constant (or static) to pass non-array values"
+        )
+
+
+def dynamic_aval(leaf: Any) -> Any:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return _compat.ShapedArray(leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False))
+    try:
+        return jax.typeof(leaf)
+    except TypeError:
+        raise NotAnArray(leaf) from None

@@ -1,0 +1,283 @@
+"""What a specialization is made of: residual program, folding program, constants.
+
+Specializations of one *structure* of constants (shapes, dtypes, static
+values; see :func:`pejit._calls._specializer.specialize`) share a :class:`Program`: the residual
+jaxpr, its runner and its executable, and, when tracing did not depend on
+constant values, the :class:`FoldingProgram` that maps new constant values
+to new folded constants. A :class:`Specialization` adds the folded
+constants of one value.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
+
+from .. import _compat
+from .._fold import _batch
+from ._keys import OtherSignature
+from .._fold._stats import FoldStats
+from .._fold._primitives import CUSTOM_CALLS
+from .._reports._report import FoldReport
+from .._residual._partial_eval import Residual, SharePlan
+
+_logger = logging.getLogger("pejit")
+
+_tree_flatten = jax.tree_util.tree_flatten
+_tree_unflatten = jax.tree_util.tree_unflatten
+
+
+class Program:
+    """What specializations of one structure share: residual program, executables.
+
+    ``folding_program`` is the folding program (constant array leaves in, folded
+    constants out) when tracing did not depend on constant values; then a
+    new constant value costs one run of it. It is None for a value-dependent
+    specialization, which owns its program alone.
+    """
+
+    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program")
+
+    def __init__(
+        self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
+        folding_program: FoldingProgram | None,
+    ):
+        self.jaxpr = jaxpr  # the open residual jaxpr; its first nconsts inputs are the folded constants
+        self.nconsts = nconsts
+        self.out_tree = out_tree
+        self.stats = stats  # what the trace folded, for the reports of its specializations
+        self.fallbacks = fallbacks
+        self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
+        self.folding_program = folding_program
+
+
+class FoldingProgram:
+    """Constant arrays in, folded constants out: a value-independent fold.
+
+    The first value is folded by evaluating the program's jaxpr equation by
+    equation, as folding while tracing would, unless compiling the program
+    costs less than compiling its primitives one by one
+    (:func:`pejit._fold._batch.one_program_pays`; ``backend``, the fold options'
+    back end, may force either). A second value means values do
+    change: the program is then compiled once, and each new value costs one
+    run of it. One that cannot be compiled (a primitive with only an
+    ``impl``) keeps being evaluated equation by equation.
+    """
+
+    def __init__(self, traced: jax.stages.Traced, backend: str = "auto"):
+        self.traced = traced
+        self.backend = backend
+        self.compiled: Callable | None = None
+        # one without a lowering (a host-built affine matrix) is evaluated
+        # for every value, not lowered to find that out
+        platform = jax.default_backend()
+        self._compilable = all(_compat.has_lowering(e.primitive, platform) for e in traced.jaxpr.eqns)
+        # the residual jaxpr taking every folded constant, and which of them
+        # it is given (equal and uniform ones are not passed), as planned on
+        # the first value; see SharePlan
+        self.residual: Jaxpr | None = None
+        self.share: SharePlan | None = None
+
+    def evaluate(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
+        """Evaluate the program's jaxpr on ``arrays`` without compiling it whole.
+
+        One batch of the folding back end (:func:`pejit._fold._batch.evaluate_jaxpr`):
+        op by op or by compiled segments, each intermediate freed after its
+        last use; ``keep`` sees each folded constant as it is produced,
+        ``tick`` the equations evaluated.
+        """
+        backend = "eager" if self.backend == "compiled" else self.backend
+        segments: list[_batch.BatchInfo] = []
+        out = _batch.evaluate_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments)
+        for seg in segments:  # where the first value's time goes (the bench's fold breakdown reads these)
+            _logger.debug("folding program: first value, %d equations (%s), %.1f MiB written, %.3g s"
+                          " (%.3g s compiling)", seg.equations, seg.backend, seg.out_bytes / 2**20, seg.seconds,
+                          seg.compile_seconds)
+        return out
+
+    def first_value(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
+        """The folded constants of the first value (see the class docstring)."""
+        if self._compilable and (self.backend == "compiled" or (
+            self.backend == "auto" and _batch.one_program_pays(self.traced.jaxpr.eqns)
+        )):
+            consts = self(*arrays)
+            if tick is not None:
+                tick(len(self.traced.jaxpr.eqns))
+            return consts
+        return self.evaluate(*arrays, keep=keep, tick=tick)
+
+    def __call__(self, *arrays) -> list:
+        if self.compiled is None and self._compilable:
+            try:
+                self.compiled = self.traced.lower().compile()
+            except Exception:  # no lowering for some folded primitive
+                self._compilable = False
+        if self.compiled is None:
+            return self.evaluate(*arrays)
+        return self.compiled(*arrays)
+
+
+class PerValue(NamedTuple):
+    """Marks a structure whose trace depends on constant values, or whose
+    residual cannot serve every value (see :func:`why_per_value`): each value
+    is folded by tracing the function again, with concrete constants.
+    ``reason`` goes into the report's ``fallbacks``, so that this is never
+    silent."""
+
+    reason: str
+
+
+class Specialization:
+    """One specialization: folded constants and the program that uses them.
+
+    What ``Pejitted.specialize`` returns (and what a call runs): ``consts``
+    are the folded constants of this value, ``program`` is shared by every
+    value of the same structure. ``call(*dyn_args, **dyn_kwargs)`` runs the
+    residual program with the folded constants bound; it is a
+    ``functools.partial`` of the runner, so that a cached call costs one
+    C-level call on top of the runner's own ``jax.jit`` dispatch.
+    ``residual`` and ``report`` describe it (built on first use).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from pejit import pejit
+      >>> f = pejit(lambda A, x: jnp.linalg.inv(A) @ x, constant_argnums=0)
+      >>> spec = f.specialize(2 * jnp.eye(2), jnp.ones(2))
+      >>> spec.call(jnp.ones(2))
+      Array([0.5, 0.5], dtype=float32)
+      >>> [e.primitive.name for e in spec.residual.jaxpr.eqns]
+      ['dot_general']
+    """
+
+    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual")
+
+    def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None):
+        self.program = program
+        self.consts = consts
+        self.call = functools.partial(program.run, *consts)
+        self.fold_seconds = fold_seconds
+        self._residual = residual
+
+    @property
+    def run(self) -> Callable:
+        return self.program.run
+
+    @property
+    def out_tree(self):
+        return self.program.out_tree
+
+    @property
+    def residual(self) -> Residual:
+        if self._residual is None:
+            program = self.program
+            closed = _compat.close_jaxpr(program.jaxpr, self.consts)
+            report = FoldReport.build(program.stats, closed, self.fold_seconds, fallbacks=program.fallbacks)
+            self._residual = Residual(closed, report, program.stats)
+        return self._residual
+
+    @property
+    def report(self) -> FoldReport:
+        return self.residual.report
+
+
+def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
+    """Why a residual traced with abstract constants cannot serve every value, or ``None``.
+
+    The folding trace decides as the concrete trace would (an abstract
+    constant is a known value; a decision that needs its value fails the
+    trace), except in Python code that JAX runs itself:
+
+    * a ``custom_jvp``/``custom_vjp`` function that closes over arrays: JAX
+      folds known work on closed-over constants inside it (eagerly) only
+      when they are concrete, so the residual would differ;
+    * a residual that keeps a tracer of ``traces`` alive (the trace of the
+      abstract constants, the folding trace) after they ended: a custom
+      rule or a callback closes over a constant, or over a value computed
+      from one, and would run on that tracer later, when differentiated or
+      called.
+    """
+    name = _closing_custom_call(jaxpr)
+    if name is not None:
+        return f"the custom_jvp/custom_vjp function {name!r} closes over arrays"
+    if any(map(_has_live_tracers, traces)):
+        return "a custom rule or callback in the residual closes over a constant"
+    return None
+
+
+def _has_live_tracers(trace_ref: weakref.ref) -> bool:
+    """Whether tracers of a trace that ended are still alive (JAX's leak check)."""
+    if not _tracers_of(trace_ref):
+        return False
+    gc.collect()  # perhaps they only live in cycles
+    return _tracers_of(trace_ref)
+
+
+def _tracers_of(trace_ref: weakref.ref) -> bool:
+    trace = trace_ref()
+    return trace is not None and any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace))
+
+
+def _closing_custom_call(jaxpr) -> str | None:
+    """The name of a custom call in ``jaxpr`` (or in its sub-jaxprs) with closed-over inputs."""
+    for eqn in jaxpr.eqns:
+        subs = [
+            getattr(sub, "jaxpr", sub) for v in eqn.params.values()
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(sub, (Jaxpr, ClosedJaxpr))
+        ]
+        if eqn.primitive.name in CUSTOM_CALLS and eqn.params.get("num_consts", 0):
+            return getattr(subs[0].debug_info, "func_name", eqn.primitive.name)
+        for name in map(_closing_custom_call, subs):
+            if name is not None:
+                return name
+    return None
+
+
+def runner(jaxpr, nconsts: int, out_tree, in_tree=None) -> Callable:
+    """``run(*consts, *dyn_args, **dyn_kwargs)`` evaluating an open residual jaxpr.
+
+    ``jaxpr``'s first ``nconsts`` inputs (the folded constants) are leading
+    arguments, so they reach XLA as buffers, not as HLO literals; flat rather
+    than in one list, which ``jax.jit``'s dispatch would flatten on every call.
+    With ``in_tree``, the structure of ``(dyn_args, dyn_kwargs)`` the residual
+    was traced for, other structures or leaf types raise :class:`OtherSignature`
+    (checked when ``jax.jit`` traces, that is once per new type, not per call).
+    """
+    fun = jaxpr_as_fun(_compat.close_jaxpr(jaxpr, ()))
+    # An output that is a literal (a folded Python scalar) comes back from the
+    # interpreter as that scalar; jax.jit would return an array.
+    literal_outs = {
+        i: jax.device_put(v.val) for i, v in enumerate(jaxpr.outvars) if isinstance(v, _compat.Literal)
+    }
+    types = [_type(v.aval) for v in jaxpr.invars[nconsts:]]
+
+    def run(*args, **dyn_kwargs):
+        leaves, tree = _tree_flatten((args[nconsts:], dyn_kwargs))
+        if in_tree is not None and (tree != in_tree or [_type(jax.typeof(leaf)) for leaf in leaves] != types):
+            raise OtherSignature(
+                f"this residual program was folded for dynamic arguments of types {_types_str(types)} "
+                f"(structure {in_tree}); it was called with {_types_str(map(_type, map(jax.typeof, leaves)))} "
+                f"(structure {tree}). Call the pejit function, which specializes again"
+            )
+        outs = fun(*args[:nconsts], *leaves)
+        for i, value in literal_outs.items():
+            outs[i] = value
+        return _tree_unflatten(out_tree, outs)
+
+    return run
+
+
+def _type(aval) -> tuple:
+    """What a residual's input depends on: shape, dtype and weak type (a sharding
+    change is ``jax.jit``'s to recompile for, the residual stays right)."""
+    return aval.shape, aval.dtype, getattr(aval, "weak_type", False)
+
+
+def _types_str(types) -> str:
+    return "[" + ", ".join(f"{dtype}{list(shape)}{'(weak)' if weak else ''}" for shape, dtype, weak in types) + "]"

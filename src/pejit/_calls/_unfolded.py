@@ -1,0 +1,83 @@
+"""The unfolded program, and a specialization's report with it: what ``explain`` shows.
+
+The report pairs the residual program (what pejit compiles) with the
+original one (what ``jax.jit`` would compile with the constants closed
+over). The original is traced with the same machinery as folding, but with
+a policy that folds nothing (:class:`StageAll`): known values are staged
+*lazily*, so Python control flow on constants still sees concrete values
+(``if A.sum() > 0`` works, as it does under pejit) while every equation
+lands in the jaxpr.
+
+:func:`explained` reports on one ``Pejitted``'s specialization; the entry
+point :func:`pejit.explain`, which accepts every form of function
+(:mod:`pejit._explain`), and ``AutoPejitted.explain`` both build on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.extend.core import ClosedJaxpr
+
+from .. import _compat
+from ._argnums import interleave
+from .._fold._folding import Folder
+from ._info import split_call
+from ._keys import dynamic_aval
+from .._reports._report import FoldReport
+from ._specializer import as_jax
+from .._fold._staging import trace_staging
+
+
+class StageAll(Folder):
+    """A policy that folds nothing, but keeps known values materializable."""
+
+    stores_unfused = False
+
+    def __call__(self, trace, prim, args, params):
+        args = [self._known_value(trace, a) for a in args]
+        if not all(self.is_known(a) for a in args):
+            return NotImplemented
+        try:
+            effects = _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params)
+        except Exception as e:  # no abstract evaluation: the value stands in
+            return self._evaluate_now(prim, args, params, e)
+        if effects:
+            return NotImplemented
+        return self.stage_lazy(trace, prim, args, params)
+
+    def materialize(self, x):
+        # Evaluate outside the staging trace: impls that re-enter JAX
+        # (``custom_jvp_call`` runs its function) must not stage again.
+        with _compat.set_current_trace(_compat.eval_trace):
+            return super().materialize(x)
+
+
+def explained(pj: Any, args: tuple, kwargs: dict) -> FoldReport:
+    """The report of ``pj``'s specialization for this call (a ``Pejitted``), with its ``before`` program."""
+    residual = pj.specialize(*args, **kwargs).residual
+    report = residual.report
+    return FoldReport.build(
+        residual.stats, residual.jaxpr, report.fold_seconds, before=original(pj, args, kwargs),
+        fallbacks=report.fallbacks,
+    )
+
+
+def original(pj: Any, args: tuple, kwargs: dict) -> ClosedJaxpr:
+    """The unfolded program of ``pj`` (a ``Pejitted``) on the dynamic arguments, constants as ``consts``."""
+    const_pos, const_kw, dyn_args, dyn_kwargs = as_jax(split_call(pj.info, args, kwargs))
+    leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    avals = [dynamic_aval(leaf) for leaf in leaves]
+
+    def flat_fun(*leaves):
+        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        out = pj.info.fun(*interleave(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
+        return jax.tree_util.tree_leaves(out)
+
+    jaxpr, consts = trace_staging(flat_fun, avals, StageAll(), name="explain")
+    # Values Python asked for (``if A.sum() > 0``) leave dead equations behind.
+    return _compat.close_jaxpr(*_compat.prune(jaxpr, consts))
+
+
+__all__ = ["StageAll", "explained", "original"]

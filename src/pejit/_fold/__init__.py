@@ -1,0 +1,1 @@
+"""The folding trace and its back end: known work evaluated, dynamic work staged."""

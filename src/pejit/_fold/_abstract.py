@@ -1,0 +1,49 @@
+"""Abstract constants: known values that are tracers of an outer trace.
+
+A known value is normally concrete (an array, a Python scalar). When pejit
+builds a value-independent *folding program* (see ``pejit._calls._specializer``),
+it runs the folding trace inside a ``jax.jit`` trace whose inputs are the
+constant arrays: the known values are then tracers of that outer trace,
+*abstract constants*. Folding an equation on them stages it into the outer
+program instead of evaluating it; Python cannot ask for their values; and a
+folded value that is abstract differs per specialization, so it can never
+become a literal. This module is the one place that knows the trick; the
+folding layer asks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .. import _compat
+
+
+def is_abstract(x: Any) -> bool:
+    """Whether the known value ``x`` is an abstract constant (not concrete).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from pejit._fold._abstract import is_abstract
+      >>> is_abstract(jnp.ones(2))
+      False
+      >>> jax.jit(lambda a: jnp.asarray(is_abstract(a)))(1.0)
+      Array(True, dtype=bool)
+    """
+    return isinstance(x, _compat.Tracer)
+
+
+def any_abstract(values: Iterable[Any]) -> bool:
+    """Whether any of the known ``values`` is an abstract constant."""
+    return any(is_abstract(x) for x in values)
+
+
+def outer_trace(values: Iterable[Any]):
+    """The trace of the first abstract constant among ``values``, else None."""
+    return next((_compat.trace_of(x) for x in values if is_abstract(x)), None)
+
+
+def evaluate(prim, args: Sequence[Any], params: dict, outer=None) -> Any:
+    """Fold ``prim`` on known ``args``: evaluate it now, or stage it into the
+    outer program of abstract constants (``outer``, or that of ``args``)."""
+    return _compat.evaluate(prim, args, params, outer or outer_trace(args))

@@ -1,0 +1,596 @@
+"""The folding back end: evaluating known work in batches.
+
+The folding trace does not evaluate known equations when it meets them: it
+records each one as a :class:`Recipe` and stages a placeholder (see
+``Folder.default``). Values are *materialized* in batches, when something
+needs them: Python (``bool(x)``, ``np.asarray(x)``), a fold rule (a
+``cond`` index), or, at the end of the trace, the residual program, whose
+constants they become. A batch is the set of recipes the requested values
+depend on that have not run yet, in dependency order.
+
+Each batch runs on one of two back ends:
+
+* **eager**: equation by equation with JAX's per-primitive dispatch. Every
+  primitive/shape pair is compiled once and cached, so the cost per equation
+  is a dispatch (tens of microseconds) plus the equation's own memory
+  traffic; nothing to compile for the batch as a whole.
+* **compiled**: the batch becomes one ``jax.jit`` program. XLA fuses the
+  elementwise work, so intermediates are never written to memory, but the
+  program must be compiled: a fixed cost plus a cost per equation.
+
+:func:`plan_batch` splits a batch into segments and picks a back end for
+each with a cost model: fusing saves, per equation, one dispatch and the
+memory traffic of its output (written, then read back); it costs a
+compilation. Many small equations (a long chain on a small array) favour
+eager evaluation; runs of cheap elementwise equations on large arrays
+favour one compiled program. Primitives without a lowering always run
+eagerly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive, jaxpr_as_fun
+from jax.interpreters import mlir
+
+from .. import _compat
+from . import _abstract, _host, _offload, _refold
+from ._primitives import called_jaxpr, fused_first, fusible, params_key
+
+# -- the cost model (seconds, bytes per second) ------------------------------
+# Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
+# 50-equation elementwise chain compiles in 0.1-0.3 s; an eager add on a
+# 2048x2048 float32 array takes ~10 ms, most of it memory traffic.
+#: Python dispatch of one primitive on cached executables.
+DISPATCH_SECONDS = 40e-6
+#: Compiling a program: a fixed cost, and a cost per equation.
+COMPILE_SECONDS = 0.05
+COMPILE_SECONDS_PER_EQN = 4e-3
+#: Effective bandwidth of writing and re-reading an intermediate, by
+#: platform: host memory (allocation, first touch, cache misses) is slow;
+#: device memory is fast, so fusion saves little there.
+BANDWIDTH = {"cpu": 2e9}
+DEFAULT_BANDWIDTH = 5e11
+#: Smaller intermediates stay in a CPU core's cache between two kernels, so
+#: fusing saves no memory traffic on them (a chain of ``sin``/``*``/``+``/``cos``
+#: on 256x256 float32 folded 7% more slowly with its runs compiled).
+CACHED_BYTES = {"cpu": 2**20}
+
+BACKENDS = ("auto", "eager", "compiled")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Recipe:
+    """One known equation whose outputs have not been computed yet.
+
+    ``args`` holds concrete values and the ``Var`` of other recipes' outputs.
+    ``outvars`` has ``None`` for outputs that JAX's staging forwarded or
+    folded itself. ``lazy`` recipes are cheap expansions that also stay in
+    the residual program; the others are folds, whose outputs become
+    constants.
+    """
+
+    prim: Any
+    args: tuple
+    params: dict
+    outvars: tuple
+    lazy: bool = False
+
+    def out_bytes(self) -> int:
+        return sum(nbytes(v.aval) for v in self.outvars if v is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchInfo:
+    """How one segment of a batch of known equations was evaluated.
+
+    ``batch`` numbers the batches of one specialization, in order.
+    """
+
+    batch: int
+    backend: str
+    equations: int
+    out_bytes: int
+    primitives: Counter
+    seconds: float = 0.0  #: evaluating the segment, compiling included
+    compile_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Consecutive recipes of a batch that run on the same back end."""
+
+    backend: str
+    recipes: tuple
+
+
+def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = "cpu") -> list[Segment]:
+    """Split a batch into segments and pick a back end for each.
+
+    ``forced`` (``FoldOptions.backend``) overrides the cost model: ``"eager"``
+    runs everything op by op, ``"compiled"`` compiles the whole batch as one
+    program (unless a primitive cannot be compiled). ``"program"`` stages the
+    batch into the folding program of abstract constants it reads, its
+    concrete-only equations too (as an ``eye`` added to ``X.T @ X``): that
+    program is compiled as a whole, where evaluating them now would compile
+    each on its own.
+
+    The cost model: a run of consecutive *fusible* equations (cheap
+    elementwise arithmetic and data movement, which XLA fuses into one loop)
+    is compiled when fusing saves more than compiling costs. Fusing saves,
+    per equation, one dispatch, and the memory traffic of the intermediates
+    (written by one kernel, read back by the next) where they outgrow a
+    core's cache; it costs the copy a program makes of each NumPy array it
+    reads (a host rule's result), which also leaves memory resident (the
+    full-size WaveEquation2D, 400 MB more). Runs of the same structure (the
+    steps of an unrolled loop) share one program, and so its compilation.
+    Every other equation runs on its own, eagerly: fusing a matrix product,
+    a LAPACK call or a reduction with its neighbours saves little. A run
+    starts at each ``sin``/``cos``/``tan`` (``pejit._fold._primitives.FUSED_FIRST``):
+    XLA:CPU evaluates them slowly on an input computed in the same loop. A
+    program already compiled for the same structure costs nothing.
+    """
+    if forced in ("eager", "program") or len(recipes) < 2:
+        return [Segment("program" if forced == "program" else "eager", tuple(recipes))]
+    if forced == "compiled":
+        lowerable = all(_compat.has_lowering(r.prim, platform) for r in recipes)
+        return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
+    bandwidth = BANDWIDTH.get(platform, DEFAULT_BANDWIDTH)
+    cached = CACHED_BYTES.get(platform, 0)
+    host = _host.on_one_cpu()
+    runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
+    for r in recipes:
+        if not (fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform)):
+            runs.append((False, [r]))
+        elif runs and runs[-1][0] and not fused_first(r.prim, r.params):
+            runs[-1][1].append(r)
+        else:
+            runs.append((True, [r]))
+    keys = [_run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
+    alike = Counter(keys)
+    reads = Counter(a for r in recipes for a in r.args if _is_var(a))
+    segments: list[Segment] = []
+    on_host: set = set()  # values the batch computes as NumPy arrays, which a program copies in
+    made: dict[Any, set] = {}  # by run key: the values runs of that structure compute
+    for (_, run), key in zip(runs, keys):
+        inside = Counter(a for r in run for a in r.args if _is_var(a))
+        alike_made = made.get(key, ())  # compiled with this run, if it is: not on the host
+        traffic = sum(nbytes(v.aval) for r in run for v in r.outvars  # the intermediates: read in the run alone
+                      if v is not None and 0 < reads[v] == inside[v] and nbytes(v.aval) > cached)
+        copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
+            (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
+        saved = len(run) * DISPATCH_SECONDS + (traffic - copied) / bandwidth
+        cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
+        if key is not None:
+            made.setdefault(key, set()).update(v for r in run for v in r.outvars)
+        if key is not None and (saved * alike[key] > cost or key in _programs):
+            segments.append(Segment("compiled", tuple(run)))
+            continue
+        if segments and segments[-1].backend == "eager":
+            segments[-1] = Segment("eager", segments[-1].recipes + tuple(run))
+        else:
+            segments.append(Segment("eager", tuple(run)))
+        if host:
+            on_host.update(v for r in run if _host_evaluates(r) for v in r.outvars if v is not None)
+    return segments
+
+
+def _inputs(run: Sequence[Recipe]) -> list[Any]:
+    """The distinct array inputs of ``run`` that it does not compute itself."""
+    inside = {v for r in run for v in r.outvars}
+    seen: dict[Any, Any] = {}
+    for r in run:
+        for a in r.args:
+            if (_is_var(a) and a not in inside) or isinstance(a, (np.ndarray, jax.Array)):
+                seen.setdefault(a if _is_var(a) else id(a), a)
+    return list(seen.values())
+
+
+def _bytes(a) -> int:
+    return nbytes(a.aval) if _is_var(a) else a.nbytes
+
+
+def _host_evaluates(r: Recipe) -> bool:
+    """Whether an eager batch computes ``r`` on the host (see :mod:`pejit._fold._host`)."""
+    body = called_jaxpr(r.prim, r.params)
+    return _host.covers(body) if body is not None else r.prim in _host.HOST_RULES
+
+
+def one_program_pays(eqns: Sequence[Any]) -> bool:
+    """Whether ``eqns``, evaluated once in a fresh process, cost less as one program.
+
+    Op by op, each distinct primitive/type pair compiles a program of its own
+    the first time a process evaluates it (``COMPILE_SECONDS`` each: measured
+    30-70 ms for a transpose, an ``iota``, a ``cholesky``); one program for
+    all of them costs one compile, growing with its size. Small folds of many
+    distinct operations, as ``cholesky(X.T @ X + lam * I)``, win by one
+    program; long folds of few distinct ones (an unrolled loop) lose.
+    """
+    eqns = flat_eqns(eqns)
+    distinct = {(e.primitive.name, tuple(v.aval for v in e.invars), tuple(v.aval for v in e.outvars)) for e in eqns}
+    one_program = COMPILE_SECONDS + sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
+    return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
+
+
+def _compiled_size(eqn) -> int:
+    """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
+    inner = called_jaxpr(eqn.primitive, eqn.params)
+    return 1 if inner is None else max(1, sum(map(_compiled_size, inner.eqns)))
+
+
+def run_batch(
+    segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
+    tick: Callable[[int], None] | None = None, timings: list[tuple[float, float]] | None = None,
+    compact: Collection[Any] = (), kernels: _offload.Kernels | None = None,
+) -> list[Any]:
+    """Evaluate the planned batch and return the values of ``outputs``.
+
+    ``env`` maps the ``Var`` of already materialized values to them.
+    Intermediates are dropped after their last use, so a long chain keeps a
+    few arrays alive, not all of them. An output is handed to ``keep`` as
+    soon as it is produced, and what ``keep`` returns is what the batch
+    holds on to (see :class:`pejit._fold._values.Compactor`); the value itself
+    stays only until its last use in the batch. The values of ``compact``
+    are handed to ``keep`` too, and their later uses read what it returns.
+    ``tick(n)`` is told of every ``n`` equations evaluated (a progress
+    bar). ``timings`` gets each segment's ``(seconds, of which compiling)``.
+    ``kernels`` holds those of the fold handed out before the batch (see
+    :mod:`pejit._fold._offload`).
+    """
+    env = dict(env)
+    uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
+    wanted = set(outputs)
+    results = {v: env[v] for v in outputs if v in env}
+    keep = keep or (lambda x: x)
+    tick = tick or (lambda n: None)
+
+    def define(pairs):
+        for v, x in pairs:
+            kept = keep(x) if v in wanted or v in compact else x
+            if v in wanted:
+                results[v] = kept
+            if uses[v]:
+                env[v] = kept if v in compact else x
+
+    # kernels run on a worker beside the host arithmetic (see pejit._fold._offload)
+    if kernels is None:
+        kernels = _offload.Kernels()
+    eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
+    ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
+    refolds = _refold.Refolds([r for seg in segments for r in seg.recipes], env, uses, kernels,
+                              _offload.spare() if kernels.enabled else None)
+    position = -1  # in eager, for the kernels handed out ahead
+    step = -1  # in the batch, for the values computed again
+    with _compat.evaluating():
+        for seg in segments:
+            start, compiling = time.perf_counter(), [0.0]
+            whole = {"compiled": functools.partial(_run_compiled, compiling=compiling), "program": _stage}.get(
+                seg.backend)
+            if whole is not None:  # the segment at once: compiled, or staged as one equation
+                for r in seg.recipes:
+                    refolds.restore(r, env)
+                produced = [v for r in seg.recipes for v in r.outvars if v is not None]
+                inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
+                out = [v for v in produced if v in wanted or uses[v] > inside[v]]
+                define(zip(out, whole(seg.recipes, env, out)))
+                _release(env, uses, [a for r in seg.recipes for a in r.args])
+                for r in seg.recipes:
+                    step += 1
+                    refolds.release(step, r, env)
+                refolds.prefetch(step, env)
+                tick(len(seg.recipes))
+            else:
+                for r in seg.recipes:
+                    position += 1
+                    step += 1
+                    if ahead is not None:
+                        ahead.submit(position)
+                    refolds.restore(r, env)
+                    args = [env[a] if _is_var(a) else a for a in r.args]
+                    outs = kernels.take(r, args)
+                    if outs is None:
+                        outs = _refold.evaluate(r, args)
+                    del args
+                    define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
+                    del outs
+                    _release(env, uses, r.args)
+                    refolds.release(step, r, env)
+                    refolds.prefetch(step, env)
+                    tick(1)
+            if timings is not None:
+                timings.append((time.perf_counter() - start, compiling[0]))
+    return [results[v] for v in outputs]
+
+
+def evaluate_jaxpr(
+    closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
+    tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,
+) -> list[Any]:
+    """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
+
+    The folding program's first value goes this way: each equation is a
+    recipe, so the back end is chosen per segment by the cost model (or by
+    ``backend``), each intermediate is freed after its last consumer, and
+    ``keep`` sees each output as soon as it is produced. A program with a
+    call that binds Python functions (a ``custom_jvp``/``custom_vjp`` call)
+    is evaluated by JAX's interpreter instead, op by op. ``segments`` gets
+    how each segment was evaluated (where the first value's time goes).
+    """
+    jaxpr = closed_jaxpr.jaxpr
+    keep = keep or (lambda x: x)
+    if any(type(e.primitive).get_bind_params is not Primitive.get_bind_params for e in jaxpr.eqns):
+        # a call whose bind takes Python functions rebuilt from its params
+        # (custom_jvp/custom_vjp calls folded whole): JAX's interpreter knows how
+        with _compat.evaluating():
+            outs = jaxpr_as_fun(closed_jaxpr)(*args)
+        if tick is not None:
+            tick(len(jaxpr.eqns))
+        return [keep(x) for x in outs]
+    env = dict(zip(jaxpr.constvars, closed_jaxpr.consts))
+    env.update(zip(jaxpr.invars, args))
+    recipes = flat_recipes(jaxpr.eqns)
+    outputs = [v for v in jaxpr.outvars if _is_var(v)]
+    # what the trace's batches kept, held as the folding trace holds it
+    # (uniform values as broadcasts, equal ones once): the program's later
+    # equations (an affine collapse's matrices) read them
+    kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
+    plan = plan_batch(recipes, backend, jax.default_backend())
+    timings: list[tuple[float, float]] = []
+    values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept))
+    if segments is not None:
+        segments.extend(BatchInfo(0, seg.backend, len(seg.recipes), sum(r.out_bytes() for r in seg.recipes),
+                                  Counter(r.prim.name for r in seg.recipes), seconds, compiling)
+                        for seg, (seconds, compiling) in zip(plan, timings))
+    return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
+
+
+def flat_eqns(eqns: Sequence[Any]) -> list[Any]:
+    """``eqns`` with each ``folded_batch`` replaced by the equations of its body (not renamed)."""
+    return [b for e in eqns for b in (e.params["jaxpr"].jaxpr.eqns if e.primitive is batch_p else (e,))]
+
+
+def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
+    """The recipes of ``eqns``, each ``folded_batch`` replaced by the equations it staged.
+
+    The body's variables are renamed: its inputs and outputs to the
+    equation's, the others to fresh ones (a recipe recomputed by a later
+    batch is in two bodies).
+    """
+    def recipe(e, rename):
+        args = (rename.get(a, a) if _is_var(a) else a for a in e.invars)
+        return Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in args), e.params,
+                      tuple(None if _compat.is_drop_var(v) else rename.get(v, v) for v in e.outvars))
+
+    out = []
+    for e in eqns:
+        if e.primitive is not batch_p:
+            out.append(recipe(e, {}))
+            continue
+        body = e.params["jaxpr"].jaxpr
+        rename = dict(zip(body.invars, e.invars))
+        rename.update((b, v) for b, v in zip(body.outvars, e.outvars) if not _compat.is_drop_var(v))
+        for b in body.eqns:
+            rename.update((v, _compat.new_var(v.aval)) for v in b.outvars if v not in rename)
+            out.append(recipe(b, rename))
+    return out
+
+
+def _call_primitive(name: str, backend: str) -> Primitive:
+    """A primitive that calls the closed jaxpr in its ``jaxpr`` parameter:
+    evaluated by :func:`evaluate_jaxpr` with ``backend``, compiled as its body."""
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args, backend))
+    prim.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
+    mlir.register_lowering(prim, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
+                                                multiple_results=True))
+    return prim
+
+
+#: Known equations of a nested call folded as one recipe (see
+#: ``pejit._residual.rules.calls.fold_jit``): evaluated equation by equation, as
+#: folding them one by one would (the host rules where they apply, JAX's
+#: per-primitive dispatch elsewhere), staged as one equation into a folding
+#: program, and compiled as its body where a program is compiled.
+known_part_p = _call_primitive("known_part", "eager")
+
+#: A batch staged into a folding program as one equation (see :func:`_stage`);
+#: evaluating the program evaluates its equations as the batch's own
+#: (:func:`flat_recipes`), compiling it compiles its body.
+batch_p = _call_primitive("folded_batch", "auto")
+
+
+def _stage(recipes, env, outputs) -> list[Any]:
+    """Stage ``recipes`` into the program of abstract constants they read, as one equation.
+
+    The equation is a ``folded_batch`` whose body is built from the recipes
+    directly: their outputs' avals are known, so nothing is abstractly
+    evaluated again, where binding each recipe on the outer trace would (a
+    tenth of a millisecond each: TFC's PDE stages thousands). Other values
+    become the equation's inputs, scalars literals; as in :func:`run_batch`,
+    a recipe reads what an earlier recipe of the batch defined, else what
+    ``env`` holds (a recipe may compute again a value an earlier batch kept).
+    """
+    local: set[Any] = set()
+    inputs: list[Any] = []
+    invars: dict[Any, Any] = {}  # Var, or id of a value, -> the body's input
+
+    def atom(a):
+        if _is_var(a) and a in local:
+            return a
+        value = env[a] if _is_var(a) else a
+        if not _is_var(a) and np.ndim(value) == 0 and not isinstance(value, (jax.Array, _compat.Tracer)):
+            return _compat.literal(value, _compat.typeof(value))
+        key = a if _is_var(a) else id(value)
+        if key not in invars:
+            invars[key] = _compat.new_var(_compat.typeof(value))
+            inputs.append(_host.to_jax(value))
+        return invars[key]
+
+    def eqn(r):
+        args = [atom(a) for a in r.args]
+        if None in r.outvars:  # outputs JAX's staging forwarded: bound to nothing here
+            avals, _ = _compat.abstract_eval(r.prim, [a.aval for a in args], r.params)
+            avals = avals if r.prim.multiple_results else [avals]
+            outvars = [_compat.drop_var(aval) if v is None else v for v, aval in zip(r.outvars, avals)]
+        else:
+            outvars = list(r.outvars)
+        local.update(r.outvars)
+        return _compat.new_jaxpr_eqn(args, outvars, r.prim, r.params, _compat.no_effects)
+
+    eqns = [eqn(r) for r in recipes]
+    debug = _compat.unnamed_debug_info("folded_batch", len(invars), len(outputs))
+    body = _compat.ClosedJaxpr(_compat.Jaxpr([], list(invars.values()), list(outputs), eqns, debug_info=debug), [])
+    outer = _abstract.outer_trace(inputs)
+    return _abstract.evaluate(batch_p, inputs, {"jaxpr": body}, outer)
+
+
+def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
+    """Whether the batch reads abstract constants (see :mod:`pejit._fold._abstract`).
+
+    Then the batch is staged into the outer program, which is compiled as a
+    whole (the ``"program"`` back end of :func:`plan_batch`).
+    """
+    return _abstract.any_abstract(env.get(a) if _is_var(a) else a for r in recipes for a in r.args)
+
+
+def _release(env, uses, args):
+    for a in args:
+        if _is_var(a):
+            uses[a] -= 1
+            if uses[a] == 0:
+                env.pop(a, None)
+
+
+#: Compiled batch programs by structure, so specializing the same function
+#: again (new constant values of the same shapes) recompiles nothing.
+_programs: dict[Any, Any] = {}
+_MAX_PROGRAMS = 64
+
+
+def clear_programs() -> None:
+    """Forget the compiled batch programs and kernels (``cache_clear()`` calls this)."""
+    _programs.clear()
+    _offload.clear_programs()
+
+
+def _run_compiled(recipes, env, outputs, compiling: list[float] | None = None):
+    """The recipes as one compiled program (cached by structure); ``compiling[0]``
+    gets the seconds spent compiling it."""
+    key, structure, out_refs, inputs = _structure(recipes, env, outputs)
+    try:
+        program = _programs.get(key)
+    except TypeError:  # unhashable parameters: compile without caching
+        key, program = None, None
+    if program is None:
+        start = time.perf_counter()
+        program = jax.jit(_interpreter(recipes, structure, out_refs)).lower(*inputs).compile()
+        if compiling is not None:
+            compiling[0] += time.perf_counter() - start
+        if key is not None:
+            if len(_programs) >= _MAX_PROGRAMS:
+                _programs.pop(next(iter(_programs)))
+            _programs[key] = program
+    return list(program(*inputs))
+
+
+def _run_key(recipes) -> Any:
+    """The key of a program for this run's structure (see :func:`_structure`),
+    or None where its parameters are unhashable."""
+    produced = [v for r in recipes for v in r.outvars if v is not None]
+    key = _structure(recipes, _AnyEnv(), produced[-1:])[0]
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _AnyEnv(dict):
+    """Stands in for the environment when only the structure is wanted."""
+
+    def __missing__(self, var):
+        return jax.ShapeDtypeStruct(var.aval.shape, var.aval.dtype)
+
+
+
+
+def _structure(recipes, env, outputs):
+    """A hashable description of the program, and its array inputs."""
+    inputs: list[Any] = []  # array arguments of the program
+    index: dict[Any, int] = {}  # Var or id(array) -> position in inputs
+    local = {v: i for i, v in enumerate(v for r in recipes for v in r.outvars) if v is not None}
+
+    def ref(a):
+        if _is_var(a):
+            if a in local:
+                return ("eqn", local[a])
+            key, value = a, env[a]
+        elif isinstance(a, (jax.Array, np.ndarray)):
+            key, value = id(a), a
+        else:  # Python and NumPy scalars are baked into the program
+            return ("lit", type(a).__name__, a)
+        if key not in index:
+            index[key] = len(inputs)
+            inputs.append(value)
+        return ("in", index[key])
+
+    structure = tuple(
+        (r.prim, params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
+    )
+    out_refs = tuple(ref(v) for v in outputs)
+    # weak types too: a compiled program takes any, and would give its own
+    avals = tuple((tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False)) for x in inputs)
+    return (structure, out_refs, avals), structure, out_refs, inputs
+
+
+def _interpreter(recipes, structure, out_refs):
+    """A function of the batch's array inputs that replays its equations."""
+    prims_params = [(r.prim, r.params, r.prim.multiple_results) for r in recipes]
+
+    def program(*inputs):
+        vals: list[Any] = []
+
+        def read(ref):
+            kind = ref[0]
+            if kind == "eqn":
+                return vals[ref[1]]
+            if kind == "in":
+                return inputs[ref[1]]
+            return ref[2]
+
+        for (prim, params, multiple), (_, _, arg_refs) in zip(prims_params, structure):
+            outs = prim.bind(*map(read, arg_refs), **params)
+            vals.extend(outs if multiple else [outs])
+        return [read(r) for r in out_refs]
+
+    return program
+
+
+def _defined(outvars, values):
+    return [(v, x) for v, x in zip(outvars, values) if v is not None]
+
+
+def _is_var(a) -> bool:
+    return isinstance(a, _compat.Var)
+
+
+def nbytes(aval) -> int:
+    """Bytes of an array of abstract value ``aval`` (0 for non-arrays)."""
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:  # extended dtypes (PRNG keys) have no NumPy itemsize
+        itemsize = getattr(dtype, "itemsize", 8)
+    return math.prod(shape) * itemsize

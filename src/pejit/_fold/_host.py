@@ -1,0 +1,389 @@
+"""Folding on the host: NumPy rules for primitives whose result it computes exactly.
+
+Evaluated eagerly, each JAX primitive compiles an XLA program the first time
+it meets a new shape, about 30 ms on a CPU. A fold of a TFC program meets a
+hundred such pairs (broadcasts, transposes, products of a basis with a
+coordinate, ...), and those compiles were half of its time to the first
+result, more than compiling the whole function with ``jax.jit``. On a CPU
+the arrays are NumPy's already, so the rules here evaluate those primitives
+with NumPy instead: no compile, the same bits.
+
+A rule exists only where NumPy's result is the one XLA gives, bit for bit:
+data movement (broadcasts, reshapes, slices, concatenation, ...) on any
+dtype; comparisons and selection; and the correctly rounded IEEE operations
+(``+ - *``, negation, ``max``, ``min``, conversions between floating types)
+on floats, a sum with zeros being the other term itself; and a matrix
+product with an identity matrix (``jacfwd``'s basis pushed through
+``H @ xi``), which only moves the other operand, or with zeros. Not
+division (XLA divides by a broadcast scalar through its reciprocal),
+transcendental functions, other contractions or reductions, whose XLA
+kernels round differently; not integer arithmetic, whose overflow NumPy
+treats otherwise. (XLA on a CPU flushes subnormal floats to
+zero; an operation that produces one is the only difference left.)
+
+:func:`evaluate` returns ``None`` whenever a rule does not apply (another
+backend, several devices, an unsupported dtype), and the caller binds the
+primitive as before. The table is keyed by primitive, one rule each, as the
+fold rules are.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import primitives as P
+
+from .. import _compat
+from ._primitives import CALLS, call_body
+from ._values import byte_view
+
+#: dtypes the rules take: NumPy's arithmetic on these is IEEE's (floats),
+#: or they are only moved and compared
+FLOATS = frozenset(map(np.dtype, ["float32", "float64"]))
+DTYPES = FLOATS | frozenset(map(np.dtype, ["bool", "int8", "int16", "int32", "int64", "uint8", "uint32"]))
+
+HOST_RULES: dict[Any, Callable[..., Any]] = {}
+
+
+def _elementwise(ufunc: Callable, floats_only: bool = False) -> Callable:
+    """The rule of an elementwise primitive, where its parameters are trivial
+    (``mul``'s ``out_dtype``, an ``accuracy``: None)."""
+
+    def rule(*xs, **params):
+        if any(v is not None for v in params.values()):
+            return None
+        shape = np.broadcast_shapes(*(x.shape for x in xs))
+        # the axes along which every operand is broadcast (a uniform array
+        # along all of them): the work of one slice, broadcast
+        spread = [d for d, n in enumerate(shape) if n > 1 and all(x.ndim == 0 or not x.strides[d] for x in xs)
+                  ] if all(x.ndim in (0, len(shape)) for x in xs) else []
+        if spread:
+            one = tuple(slice(0, 1) if d in spread else slice(None) for d in range(len(shape)))
+            return np.broadcast_to(ufunc(*(x if x.ndim == 0 else x[one] for x in xs)), shape)
+        return ufunc(*xs)
+
+    rule.floats_only = floats_only
+    return rule
+
+
+def _uniform(x: np.ndarray) -> bool:
+    """Whether ``x`` is one element broadcast (as a broadcast rule or the
+    fold's compactor keeps a uniform array): derivative code computes on
+    the zeros of its symbolic tangents, materialized; TFC's full-size PDE
+    adds, subtracts and transposes hundreds of 1331x651 zero arrays, which
+    XLA's simplifier removes from a compiled program."""
+    return x.ndim > 0 and x.size > 0 and not any(x.strides)
+
+
+def _element(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x[(0,) * x.ndim])
+
+
+def _distinct(x: np.ndarray) -> np.ndarray:
+    """``x`` without its broadcast axes (stride 0): each element once. A
+    row of a constant broadcast along the unit vectors of ``jacfwd``, times
+    another, is 3375 elements to read at 15^3 points, not 3.4 million."""
+    if x.size == 0 or all(x.strides):
+        return x
+    return np.asarray(x[tuple(0 if stride == 0 else slice(None) for stride in x.strides)])
+
+
+def _sum(ufunc: Callable) -> Callable:
+    """The rule of ``add`` (``ufunc`` add) or ``sub`` (subtract): where a term
+    (the subtrahend) holds only zeros, the other, not computed again.
+
+    Derivative code adds the materialized zeros of symbolic tangents to its
+    tangents: TFC's full-size PDE folds about 700 sums of 1331x651 arrays
+    with a zero term, a second of writing copies before this rule. ``x + 0`` is ``x`` bit for
+    bit but for ``-0.0 + +0.0``, which is ``+0.0``: so ``x`` is the sum
+    where it holds no ``-0.0`` (one read, nothing written), or where the
+    zero added is ``-0.0`` (``x + -0.0`` is ``x``); ``+0.0`` added to only
+    zeros is ``+0.0`` broadcast. (``x`` itself keeps a signaling NaN that
+    the sum would make quiet.)
+    """
+    elementwise = _elementwise(ufunc, floats_only=True)
+    subtract = ufunc is np.subtract
+
+    def rule(a, b, **params):
+        shape, dtype = np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b)
+        for x, zero in ((a, b),) if subtract else ((a, b), (b, a)):
+            if x.shape != shape or x.dtype != dtype or not only_zeros(zero, zero.size):
+                continue
+            # the sign of the zero added, where it is one element
+            added = bool(np.signbit(_element(zero))) != subtract if zero.size == 1 or _uniform(zero) else None
+            if added or _no_negative_zero(x):
+                return x
+            if added is False and only_zeros(x, x.size):
+                return np.broadcast_to(dtype.type(0), shape)
+        return elementwise(a, b, **params)
+
+    rule.floats_only = True
+    return rule
+
+
+def _no_negative_zero(x: np.ndarray) -> bool:
+    """Whether ``x`` (floats) holds no ``-0.0``: its bits as integers are the
+    smallest integer only there (one read, no array written)."""
+    x = _distinct(x)
+    if x.size == 0:
+        return True
+    ints = x.view(np.dtype(f"int{8 * x.itemsize}"))
+    return int(ints.min()) != np.iinfo(ints.dtype).min
+
+
+HOST_RULES.update({P.add_p: _sum(np.add), P.add_jaxvals_p: _sum(np.add), P.sub_p: _sum(np.subtract)})
+for prim, ufunc in ((P.mul_p, np.multiply), (P.max_p, np.maximum),
+                    (P.min_p, np.minimum), (P.neg_p, np.negative), (P.abs_p, np.abs)):
+    HOST_RULES[prim] = _elementwise(ufunc, floats_only=True)
+for prim, ufunc in ((P.eq_p, np.equal), (P.ne_p, np.not_equal), (P.lt_p, np.less), (P.le_p, np.less_equal),
+                    (P.gt_p, np.greater), (P.ge_p, np.greater_equal), (P.and_p, np.bitwise_and),
+                    (P.or_p, np.bitwise_or), (P.xor_p, np.bitwise_xor), (P.not_p, np.invert)):
+    HOST_RULES[prim] = _elementwise(ufunc)
+
+
+def _select_n(which, *cases):
+    if which.dtype == bool:
+        return np.where(which, cases[1], cases[0]) if len(cases) == 2 else None
+    return np.choose(which, cases)
+
+
+def _convert(x, *, new_dtype, **_):
+    new = np.dtype(new_dtype)
+    if new not in DTYPES:
+        return None
+    if x.dtype in FLOATS and new not in FLOATS:
+        return None  # float to int or bool: NumPy's rules for NaN and overflow are not XLA's
+    if x.dtype == np.bool_ and x.size and byte_view(x).max() > 1:
+        return None  # a bool byte other than 0 or 1 (a view of other bits): NumPy makes it 1, XLA keeps it
+    return x.astype(new)
+
+
+def _broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
+    kept = [1] * len(shape)
+    for d, n in zip(broadcast_dimensions, x.shape):
+        kept[d] = n
+    return np.broadcast_to(x.reshape(kept), shape)
+
+
+def _reshape(x, *, new_sizes, dimensions=None, **_):
+    return None if dimensions is not None else x.reshape(new_sizes)
+
+
+def _slice(x, *, start_indices, limit_indices, strides=None):
+    strides = strides or (1,) * x.ndim
+    return x[tuple(slice(a, b, s) for a, b, s in zip(start_indices, limit_indices, strides))]
+
+
+def _dynamic_slice(x, *starts, slice_sizes):
+    index = []
+    for start, size, n in zip(starts, x.shape, slice_sizes):
+        start = min(max(int(start), 0), size - n)  # XLA clamps the slice into the operand
+        index.append(slice(start, start + n))
+    return x[tuple(index)]
+
+
+def _iota(*, dtype, shape, dimension, **_):
+    if np.dtype(dtype) not in DTYPES:
+        return None
+    line = np.arange(shape[dimension], dtype=dtype).reshape([-1 if d == dimension else 1 for d in range(len(shape))])
+    return np.broadcast_to(line, shape)
+
+
+def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **_):
+    """A product with an identity matrix (see :func:`times_identity`) or with zeros.
+
+    ``jax.jacfwd`` pushes the identity through every ``H @ xi`` of a
+    function linear in ``xi``: TFC's full-size PDE folds 285 such
+    1331x651 @ 651x651 products, 6 of its 20 seconds. Its derivative code
+    also multiplies by the zeros of symbolic tangents, materialized (549
+    products): the product of finite values with zeros is zeros, ``+0.0``
+    as XLA's sums give it, and stays one zero broadcast (see :func:`_uniform`).
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+    if lhs.dtype != rhs.dtype or (preferred_element_type is not None
+                                  and np.dtype(preferred_element_type) != lhs.dtype):
+        return None
+    for zero, other in ((lhs, rhs), (rhs, lhs)):
+        if only_zeros(zero, other.size) and all_finite(other):
+            free = [[x.shape[d] for d in range(x.ndim) if d not in c and d not in b]
+                    for x, c, b in ((lhs, lc, lb), (rhs, rc, rb))]
+            return np.broadcast_to(np.zeros((), lhs.dtype), [lhs.shape[d] for d in lb] + free[0] + free[1])
+    if lb or rb or len(lc) != 1:
+        return None
+    left, right = np.moveaxis(lhs, lc[0], -1), np.moveaxis(rhs, rc[0], 0)
+    out = times_identity(left.reshape(-1, left.shape[-1]), right.reshape(right.shape[0], -1))
+    return None if out is None else out.reshape(left.shape[:-1] + right.shape[1:])
+
+
+def all_finite(x: Any) -> bool:
+    """Whether ``x`` holds only finite values: one read where its sum is
+    finite (then so is every term), each element tested only where it is not."""
+    x = _distinct(np.asarray(x))
+    return bool(np.isfinite(x.sum()) or np.isfinite(x).all())
+
+
+def only_zeros(x: np.ndarray, budget: int) -> bool:
+    """Whether ``x`` holds only zeros (of either sign), read whole only if it
+    is at most ``budget`` elements, and after a few elements say it might."""
+    x = _distinct(x)
+    if x.size > budget or x.size and (x.flat[0] or x.flat[-1] or x.flat[x.size // 2]):
+        return False
+    return not x.any()
+
+
+def times_identity(a: np.ndarray, b: np.ndarray,
+                   finite: tuple[bool | None, bool | None] = (None, None)) -> np.ndarray | None:
+    """``a @ b`` where one of the matrices is rows (``a``) or columns
+    (``b``) of an identity matrix: the matching rows or columns of the
+    other, else None.
+
+    ``jax.jacfwd`` pushes the whole identity through a product; the affine
+    collapse's Jacobian pushes its unit vectors a batch at a time (at 15^3
+    points and 1000 functions, the TFC PDE's collapse spent 14 s in such
+    products). Each entry is ``x * 1`` plus zeros, exactly ``x``, unless
+    the other matrix holds an infinity or a NaN (``inf * 0`` is NaN): then
+    it is None too (``finite`` says of ``a`` and ``b`` whether they are,
+    where that is known: not read again). ``+ 0`` gives the zero a sum
+    gives, ``+0.0``: the other matrix's entries themselves where they hold
+    no ``-0.0``.
+    """
+    for unit, other, right, known in ((b, a, True, finite[0]), (a, b, False, finite[1])):
+        lo = _identity_rows(unit.T if right else unit)
+        if lo is not None and (all_finite(other) if known is None else known):
+            k = unit.shape[1] if right else unit.shape[0]
+            part = other[:, lo:lo + k] if right else other[lo:lo + k]
+            if _uniform(other):
+                return np.broadcast_to(_element(other) + other.dtype.type(0), part.shape)
+            return part if _no_negative_zero(part) else np.add(part, other.dtype.type(0), order="C")
+    return None
+
+
+def _identity_rows(m: np.ndarray) -> int | None:
+    """``lo`` where ``m`` is the rows ``lo:lo + len(m)`` of an identity matrix, else None."""
+    if m.ndim != 2 or not m.size or m.shape[0] > m.shape[1]:
+        return None
+    k, lo = m.shape[0], int(np.argmax(m[0] != 0))
+    if lo + k > m.shape[1] or np.count_nonzero(m) != k or not (np.diagonal(m, lo) == 1).all():
+        return None
+    return lo
+
+
+def _split(x, *, sizes, axis):
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+
+
+HOST_RULES.update({
+    P.select_n_p: _select_n,
+    P.convert_element_type_p: _convert,
+    P.broadcast_in_dim_p: _broadcast_in_dim,
+    P.reshape_p: _reshape,
+    P.transpose_p: lambda x, *, permutation: np.transpose(x, permutation),
+    P.squeeze_p: lambda x, *, dimensions: np.squeeze(x, tuple(dimensions)),
+    P.concatenate_p: lambda *xs, dimension: np.concatenate(xs, dimension),
+    P.slice_p: _slice,
+    P.rev_p: lambda x, *, dimensions: np.flip(x, tuple(dimensions)) if dimensions else x,
+    P.iota_p: _iota,
+    P.copy_p: lambda x: x,
+    P.dynamic_slice_p: _dynamic_slice,
+    P.dot_general_p: _dot_general,
+})
+_dot_general.floats_only = True
+if _compat.split_p is not None:
+    HOST_RULES[_compat.split_p] = _split
+
+
+@functools.lru_cache(maxsize=None)
+def on_one_cpu() -> bool:
+    """Whether JAX computes on one CPU device (else the rules never apply:
+    their results would lose the device or the sharding the eager one has)."""
+    return jax.default_backend() == "cpu" and jax.device_count() == 1
+
+
+def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+    """``prim`` on concrete ``args`` by its host rule, or None where none applies.
+
+    A nested ``jax.jit`` call (``jnp.multiply`` is one) is evaluated
+    equation by equation when rules cover its whole body, as JAX's eager
+    mode would run it without the ``jit``: compiling it would cost more
+    than everything it computes.
+    """
+    if prim.name in CALLS:
+        return _call(*call_body(params), args)
+    rule = HOST_RULES.get(prim)
+    if rule is None or not on_one_cpu():
+        return None
+    host = []
+    for a in args:
+        dtype = getattr(a, "dtype", None)  # a Python scalar: its dtype is the aval's, not NumPy's
+        if dtype is None or dtype not in DTYPES or isinstance(a, _compat.Tracer):
+            return None
+        host.append(np.asarray(a))
+    if getattr(rule, "floats_only", False) and any(a.dtype not in FLOATS for a in host):
+        return None
+    out = rule(*host, **params)
+    if out is None:
+        return None
+    return [_owned(o) for o in out] if prim.multiple_results else _owned(out)
+
+
+def covers(jaxpr) -> bool:
+    """Whether rules cover every equation of ``jaxpr``, calls' bodies too
+    (a rule may still decline some inputs: a dtype it does not know)."""
+    return jaxpr is not None and all(
+        covers(call_body(e.params)[0]) if e.primitive.name in CALLS else e.primitive in HOST_RULES
+        for e in jaxpr.eqns)
+
+
+def _call(jaxpr, consts, args) -> list[Any] | None:
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(a):
+        return np.asarray(a.val, a.aval.dtype) if isinstance(a, _compat.Literal) else env[a]
+
+    last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
+    outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # not literals: unhashable
+    for i, eqn in enumerate(jaxpr.eqns):
+        outs = evaluate(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
+        if outs is None:
+            return None
+        env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+        for a in eqn.invars:  # the body's intermediates are freed as the fold's are
+            if isinstance(a, _compat.Var) and last[a] == i and a not in outputs:
+                env.pop(a, None)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _owned(x) -> np.ndarray:
+    """``x`` as an array of its own, as XLA's result would be: a view (a
+    transpose, a slice) would keep its whole source alive past the source's
+    last use and defeat the fold's liveness; a broadcast stays one (it holds
+    only its small source)."""
+    x = np.asarray(x)
+    if x.base is None or 0 in x.strides or _whole(x):
+        return x
+    return np.array(x, order="C")
+
+
+def _whole(x: np.ndarray) -> bool:
+    """Whether the view ``x`` spans all of the NumPy array it views (a
+    transpose, a reshape): it keeps nothing alive but itself."""
+    owner = root(x)
+    return owner is not x and owner.base is None and owner.nbytes == x.nbytes
+
+
+def root(x: np.ndarray) -> np.ndarray:
+    """The NumPy array that ``x`` views, through views of views (``x`` if it views none)."""
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x
+
+
+def to_jax(x: Any) -> Any:
+    """``x``, a host rule's NumPy result made a ``jax.Array`` (for a trace
+    that stages it: JAX takes no NumPy constants there)."""
+    return jax.device_put(x) if isinstance(x, (np.ndarray, np.generic)) else x

@@ -1,0 +1,377 @@
+"""Opaque kernels of a fold, run on a worker thread beside the rest of it.
+
+A fold runs on one thread: the trace, then each batch, JAX's dispatch and
+the NumPy host rules one equation after the other. A kernel that no host
+rule covers and that JAX runs as a call into native code (TFC's basis
+``H``, a custom call into its C++ library) then waits for everything before
+it, though its inputs were known long before, and the arithmetic after it
+waits for the kernel, though most of that arithmetic reads older values. On
+TFC's full-size PDE the 79 ``H`` calls took 3.7 s of an 8.4 s batch, next
+to 4.7 s of NumPy on the tangents of ``jacfwd``, after a 1.8 s trace, with
+the second core idle.
+
+Compiled, such a kernel runs in XLA without the GIL, and NumPy's loops
+release it too. So :class:`Kernels` hands each kernel to one worker thread
+as soon as its inputs are known: while the trace records it, if they are
+concrete then, else when the batch has computed them (:class:`Ahead`), in
+the batch's order, while the results not yet read stay under
+:data:`AHEAD_BYTES`. The batch takes each result where the equation stands,
+and computes the kernels the worker has not started while it waits. The
+worker runs the primitive's own lowering (what ``jax.jit`` of it runs, and
+what JAX's eager dispatch compiles for JAX's own primitives), so the values
+are the eager ones. Programs are lowered on the folding thread, under its
+configuration (``jax.enable_x64`` is per thread).
+
+Smaller kernels, and those whose inputs the trace does not know yet, are
+computed by their batch, but their programs need not wait for it:
+:meth:`Kernels.warm` has the worker compile each as the trace records it,
+which JAX's eager dispatch would do at the batch, 30-40 ms per primitive
+and input type. A chain of 1000 ``sin``/``*``/``+``/``cos`` on a constant
+256x256 matrix spent 80 ms of its 0.4 s fold compiling ``sin`` and ``cos``
+after a 0.13 s trace; the worker now compiles them during it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from .. import _compat
+from . import _host
+from ._primitives import (
+    CALLS,
+    CUSTOM_CALLS,
+    called_jaxpr,
+    fused_first,
+    fusible,
+    params_key,
+)
+
+#: Bytes of results handed out and not yet read by the batch: how far the
+#: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
+AHEAD_BYTES = 256 * 2**20
+
+#: Smaller outputs are computed in place: a hand-off costs tens of
+#: microseconds, and small kernels are quick.
+MIN_BYTES = 2**20
+
+_worker: concurrent.futures.ThreadPoolExecutor | None = None
+_MISSING = object()
+
+
+class _Handed(NamedTuple):
+    future: concurrent.futures.Future
+    kernel: _Kernel
+    args: list
+    early: bool  # handed out by the trace (else by a batch's Ahead)
+
+
+class Kernels:
+    """The kernels of one fold handed to the worker, by recipe
+    (:class:`pejit._fold._batch.Recipe`), and their results not yet read.
+
+    Those handed out by the trace and by a batch wait under separate
+    budgets of :data:`AHEAD_BYTES`: a batch meets its kernels in its own
+    order, not the trace's, and must not find the budget held by kernels
+    it needs later.
+    """
+
+    def __init__(self):
+        self.enabled = _cores() > 1 and _host.on_one_cpu()
+        self._handed: dict[Any, _Handed] = {}
+        self._waiting = {True: 0, False: 0}  # by early: bytes handed out, not read yet
+
+    def kernel(self, recipe) -> bool:
+        """Whether ``recipe`` is a kernel worth a hand-off: no host rule, not a
+        call, not what a compiled segment would fuse (``plan_batch`` runs it
+        eagerly), compilable, with outputs of :data:`MIN_BYTES` or more."""
+        prim = recipe.prim
+        return (self.enabled and prim not in _host.HOST_RULES and prim.name not in CALLS
+                and prim.name not in CUSTOM_CALLS and not fusible(prim, recipe.params)
+                and recipe.out_bytes() >= MIN_BYTES and _compat.has_lowering(prim, "cpu"))
+
+    def early(self, recipe) -> None:
+        """Hand ``recipe`` out as the trace records it, if it is a kernel on
+        concrete inputs (not values of other recipes, not abstract); else
+        start compiling what its batch would compile for it (see :meth:`warm`)."""
+        if self.kernel(recipe) and not any(isinstance(a, (_compat.Var, _compat.Tracer)) for a in recipe.args):
+            self.hand(recipe, recipe.args, early=True)
+        else:
+            self.warm(recipe)
+
+    def warm(self, recipe) -> None:
+        """Compile ``recipe``'s program on the worker now, if its batch would
+        compile it on its own: JAX compiles each primitive (each ``jnp.sin``)
+        for each input type the first time it runs, 30-40 ms apiece on a CPU,
+        and the trace, which records ``recipe`` long before its batch runs,
+        is pure Python that the compiler (which releases the GIL) need not
+        wait for. The batch then runs that program (see :meth:`take`)."""
+        if self.enabled and _compiled_alone(recipe.prim, recipe.params):
+            kernel = _lowered(recipe.prim, recipe.params, _specs(recipe.args, abstract=True))
+            if kernel is not None:
+                kernel.compile_ahead()
+
+    def hand(self, recipe, args: Sequence[Any], early: bool = False) -> bool:
+        """Hand ``recipe`` out on these inputs; False while too many results wait."""
+        waiting = self._waiting[early]
+        if waiting and waiting + recipe.out_bytes() > AHEAD_BYTES:
+            return False
+        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        if kernel is not None:
+            args = [_host.to_jax(a) for a in args]
+            self._handed[recipe] = _Handed(_pool().submit(kernel, args), kernel, args, early)
+            self._waiting[early] += recipe.out_bytes()
+        return True
+
+    def __contains__(self, recipe) -> bool:
+        return recipe in self._handed
+
+    def recall(self) -> None:
+        """Take back the kernels the trace handed out that the worker has not
+        started: a batch hands them out again in the order it needs them."""
+        for recipe, handed in list(self._handed.items()):
+            if handed.early and handed.future.cancel():
+                del self._handed[recipe]
+                self._waiting[True] -= recipe.out_bytes()
+
+    def close(self) -> None:
+        """Let go of what no batch took (the fold is over): unstarted kernels are not run."""
+        for handed in self._handed.values():
+            handed.future.cancel()
+        self._handed.clear()
+        self._waiting = {True: 0, False: 0}
+
+    def compute(self, recipe, args: Sequence[Any]) -> Any:
+        """The outputs of ``recipe`` on ``args`` by its lowered kernel, on this
+        thread, if it is a kernel; else None. (JAX's eager ``impl`` may hold
+        the GIL, as TFC's ``H`` does, and stall the worker: see :meth:`take`.)"""
+        if not self.kernel(recipe):
+            return None
+        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        try:
+            return None if kernel is None else kernel([_host.to_jax(a) for a in args])
+        except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
+            return None
+
+    def take(self, recipe, args: Sequence[Any]) -> Any:
+        """The outputs of ``recipe`` on ``args``, if it is a kernel; else None.
+
+        While the worker computes it, this thread computes the next kernels
+        the worker has not started (XLA runs two at once, one per core).
+        A kernel the worker has not started is computed here, and so is one
+        not handed out while the worker is busy, compiled too: JAX's eager
+        ``impl`` may hold the GIL (TFC's ``H`` does) and stall the worker.
+        One never handed out runs here by the program :meth:`warm` compiled
+        for it, if any.
+        """
+        handed = self._handed.pop(recipe, None)
+        try:
+            if handed is None:
+                busy = self._handed and self.kernel(recipe)
+                if busy:
+                    kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+                    return None if kernel is None else kernel([_host.to_jax(a) for a in args])
+                kernel = _warmed(recipe, args) if self.enabled else None
+                return None if kernel is None else kernel(args)
+            self._waiting[handed.early] -= recipe.out_bytes()
+            if handed.future.cancel():
+                return handed.kernel(handed.args)
+            for other, later in self._handed.items():
+                if handed.future.done():
+                    break
+                if later.future.cancel():
+                    self._handed[other] = _Handed(_done(later.kernel(later.args)), *later[1:])
+            return handed.future.result()
+        except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
+            return None
+
+
+class Ahead:
+    """The kernels of a batch's eager ``recipes``, handed out as their inputs
+    come: call :meth:`submit` before each equation the batch evaluates.
+
+    ``env`` is the batch's environment, in which a ``Var`` is known once
+    the batch has defined it.
+    """
+
+    def __init__(self, kernels: Kernels, recipes: Sequence[Any], env: dict):
+        self._kernels = kernels
+        self._recipes = recipes
+        self._env = env
+        self._queue = [i for i, r in enumerate(recipes) if kernels.kernel(r)]
+        self._next = 0  # the first entry of _queue not yet handed out or passed
+        kernels.recall()
+
+    def submit(self, position: int) -> None:
+        """Hand out the kernels after ``position`` whose inputs are known, in order."""
+        queue = self._queue
+        while self._next < len(queue) and queue[self._next] <= position:
+            self._next += 1  # reached by the batch before it could be handed out
+        while self._next < len(queue):
+            r = self._recipes[queue[self._next]]
+            if r not in self._kernels:  # else handed out while traced
+                args = [self._env.get(a, _MISSING) if isinstance(a, _compat.Var) else a for a in r.args]
+                if any(a is _MISSING for a in args) or not self._kernels.hand(r, args):
+                    return  # inputs not computed yet, or too far ahead: later
+            self._next += 1
+
+
+def spare() -> concurrent.futures.Executor | None:
+    """The worker, where a second core can run it beside the folding thread (else
+    None): for other work of the fold that releases the GIL, after its kernels."""
+    return _pool() if _cores() > 1 else None
+
+
+def _cores() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)  # not on macOS
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+def _done(value) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _worker
+    if _worker is None:
+        _worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pejit-kernels")
+    return _worker
+
+
+class _Kernel:
+    """One primitive lowered for one set of parameters and input types,
+    compiled by whichever thread first runs it."""
+
+    def __init__(self, lowered):
+        self._lowered = lowered
+        self._compiled = None
+        self._lock = threading.Lock()
+        self.ahead = False  # compiled, or being compiled, on the worker
+
+    def compile_ahead(self) -> None:
+        if not self.ahead:
+            self.ahead = True
+            _pool().submit(self._compile)
+
+    def _compile(self) -> None:
+        with self._lock:
+            if self._compiled is None:
+                try:
+                    self._compiled = self._lowered.compile()
+                except Exception:
+                    self.ahead = False  # not a program to take (see _warmed): JAX's eager dispatch, once
+                    raise
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        self._compile()
+        return self._compiled(*args)
+
+
+#: Per primitive, parameters and input types: the kernel, or None where it
+#: is left to the batch.
+_kernels: dict[Any, _Kernel | None] = {}
+_MAX_KERNELS = 256
+#: Call bodies, by identity: whether a batch compiles a call of them alone.
+_alone_bodies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The calls a user's program binds (not pejit's own, which no batch compiles alone).
+_USER_CALLS = frozenset(["jit", "pjit", "closed_call"])
+
+
+def clear_programs() -> None:
+    """Forget the lowered and compiled kernels (``pejit._fold._batch.clear_programs`` calls this)."""
+    _kernels.clear()
+
+
+def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
+    """The input types of a kernel on ``args``, or None where it is left to the
+    batch: Python scalars and weak types (the kernel's result would not be
+    weak), keys. With ``abstract``, a recipe's variables and abstract
+    constants count, by their types."""
+    specs = []
+    for a in args:
+        if abstract and isinstance(a, (_compat.Var, _compat.Tracer)):
+            a = a.aval
+        elif not isinstance(a, (np.ndarray, jax.Array)) or isinstance(a, _compat.Tracer):
+            return None
+        if a.dtype not in _host.DTYPES or getattr(a, "weak_type", False):
+            return None
+        specs.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+    return tuple(specs)
+
+
+def _compiled_alone(prim, params: dict) -> bool:
+    """Whether a batch would have JAX compile ``prim`` for itself: no host
+    rule covers it, and no compiled segment would fuse it, or not
+    always (a run starting at a ``sin`` may stay eager; see
+    ``pejit._fold._batch.plan_batch``)."""
+    if prim.name in CALLS:
+        body = called_jaxpr(prim, params)
+        return prim.name in _USER_CALLS and body is not None and _body_alone(body)
+    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS
+            and (not fusible(prim, params) or fused_first(prim, params)) and _compat.has_lowering(prim, "cpu"))
+
+
+def _body_alone(body) -> bool:
+    """:func:`_compiled_alone` for a call of ``body``, asked once per body
+    (each ``jnp`` function called on the same types binds the same one),
+    which the answer does not keep alive."""
+    alone = _alone_bodies.get(body)
+    if alone is None:
+        alone = _alone_bodies[body] = (
+            not all(fusible(e.primitive, e.params) and not fused_first(e.primitive, e.params) for e in body.eqns)
+            and not _host.covers(body))
+    return alone
+
+
+def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
+    """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs, if any."""
+    if not _compiled_alone(recipe.prim, recipe.params):
+        return None
+    kernel = _kernels.get(_key(recipe.prim, recipe.params, _specs(args)))
+    return kernel if kernel is not None and kernel.ahead else None
+
+
+def _key(prim, params: dict, specs: tuple | None) -> tuple | None:
+    if specs is None:
+        return None
+    try:
+        key = (prim, params_key(params), tuple((a.shape, a.dtype) for a in specs))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _lowered(prim, params: dict, specs: tuple | None) -> _Kernel | None:
+    """``prim`` lowered for inputs of these types (cached), or None where it is left to the batch."""
+    key = _key(prim, params, specs)
+    if key is None:
+        return None
+    if key not in _kernels:
+        if len(_kernels) >= _MAX_KERNELS:
+            _kernels.pop(next(iter(_kernels)))
+        _kernels[key] = _lower(prim, params, specs)
+    return _kernels[key]
+
+
+def _lower(prim, params, specs) -> _Kernel | None:
+    try:
+        if _compat.primitive_effects(prim, [_compat.typeof(a) for a in specs], params):
+            return None  # effects keep their order: not moved to another thread
+        return _Kernel(jax.jit(functools.partial(_bind, prim, params)).lower(*specs))
+    except Exception:  # noqa: BLE001 - no lowering for these inputs: left to the batch
+        return None
+
+
+def _bind(prim, params, *args):
+    return prim.bind(*args, **params)

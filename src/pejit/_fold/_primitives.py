@@ -1,0 +1,121 @@
+"""Tables of primitives by kind, shared by the folding policy and its back end.
+
+:class:`~pejit._fold._folding.Folder` keeps cheap expansions lazy;
+:mod:`pejit._fold._batch` fuses them into compiled batches; :mod:`pejit._fold._flops`
+counts elementwise work. Each reads its kinds here.
+"""
+
+from __future__ import annotations
+
+from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.core import primitives as P
+
+#: Primitives that only move, replicate or create data cheaply: folding them
+#: can blow a small known value up into a large constant.
+EXPANSIONS = frozenset(
+    [
+        P.broadcast_in_dim_p,
+        P.iota_p,
+        P.reshape_p,
+        P.squeeze_p,
+        P.transpose_p,
+        P.convert_element_type_p,
+        P.concatenate_p,
+        P.pad_p,
+        P.rev_p,
+        P.select_n_p,
+        P.copy_p,
+    ]
+)
+
+#: Elementwise primitives: on a lazy input they stay lazy, since recomputing
+#: them in the residual program costs about as much as reading a folded
+#: constant of the same size.
+ELEMENTWISE = frozenset(
+    [
+        P.abs_p, P.acos_p, P.acosh_p, P.add_p, P.and_p, P.asin_p, P.asinh_p,
+        P.atan2_p, P.atan_p, P.atanh_p, P.cbrt_p, P.ceil_p, P.clamp_p,
+        P.complex_p, P.conj_p, P.cos_p, P.cosh_p, P.div_p, P.eq_p, P.exp2_p,
+        P.exp_p, P.expm1_p, P.floor_p, P.ge_p, P.gt_p, P.imag_p,
+        P.integer_pow_p, P.is_finite_p, P.le_p, P.log1p_p, P.log_p,
+        P.logistic_p, P.lt_p, P.max_p, P.min_p, P.mul_p, P.ne_p, P.neg_p,
+        P.not_p, P.or_p, P.pow_p, P.real_p, P.rem_p, P.round_p, P.rsqrt_p,
+        P.sign_p, P.sin_p, P.sinh_p, P.sqrt_p, P.square_p, P.sub_p, P.tan_p,
+        P.tanh_p, P.xor_p,
+    ]
+)
+
+#: Primitives that XLA fuses with the producers of their operands: an
+#: expansion read only by them is recomputed inside their loop, for free.
+#: Any other consumer (``dot_general``, custom calls such as LAPACK's, loops,
+#: calls) reads its operands from memory, so the expansion would be written
+#: out and read back on every call, and is stored instead. Measured here
+#: (JAX 0.10.2, CPU, 1331x650 float32, the shape of TFC's basis tangents
+#: ``zeros + H * ones``): feeding a ``dot_general``, recomputing costs 2.9x
+#: reading a stored constant (0.43 vs 0.15 ms per call); feeding an ``add``,
+#: 0.86x (0.42 vs 0.49 ms).
+FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
+    [
+        P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
+        P.reduce_and_p, P.reduce_or_p, P.argmax_p, P.argmin_p,
+        P.slice_p, P.dynamic_slice_p,
+    ]
+)
+
+#: Fusible primitives that a fused run must start with, by name: XLA:CPU
+#: evaluates these trigonometric functions 2-3x more slowly when their input
+#: is computed in the same fused loop (a 2048x2048 chain of ``sin(cos(c) *
+#: a + b)`` steps: 0.37 s as one program, 0.13 s as one program per step,
+#: JAX 0.10.2), and at least as fast as standalone kernels when the loop
+#: starts at them (``sin(c) * a + b`` steps: 0.36 s as one program of 50,
+#: 0.69 s op by op). See :func:`pejit._fold._batch.plan_batch`.
+FUSED_FIRST = frozenset(["sin", "cos", "tan"])
+
+#: JAX's custom-derivative calls, by name (their bodies close over Python functions).
+CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"])
+
+#: Call-like primitives, by name: fusible when everything they call is.
+CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
+
+
+def custom_calls(jaxpr) -> int:
+    """How many custom_jvp/custom_vjp calls ``jaxpr`` makes, its sub-jaxprs' included."""
+    n = 0
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        n += eqn.primitive.name in CUSTOM_CALLS
+        for v in eqn.params.values():
+            n += sum(custom_calls(sub) for sub in (v if isinstance(v, (tuple, list)) else (v,))
+                     if isinstance(sub, (Jaxpr, ClosedJaxpr)))
+    return n
+
+
+def called_jaxpr(prim, params: dict):
+    """The (open) jaxpr a call-like primitive of :data:`CALLS` runs; None for others."""
+    return call_body(params)[0] if prim.name in CALLS else None
+
+
+def call_body(params: dict) -> tuple:
+    """``(jaxpr, consts)`` of the body a call's ``params`` hold (``jaxpr`` or ``call_jaxpr``)."""
+    body = params.get("jaxpr") or params.get("call_jaxpr")
+    return getattr(body, "jaxpr", body), getattr(body, "consts", ())
+
+
+def fusible(prim, params: dict) -> bool:
+    """Whether XLA fuses ``prim`` with its neighbours at a profit (a call: all it calls)."""
+    if prim.name in CALLS:
+        inner = called_jaxpr(prim, params)
+        return inner is not None and all(fusible(e.primitive, e.params) for e in inner.eqns)
+    return prim in ELEMENTWISE or prim in EXPANSIONS
+
+
+def fused_first(prim, params: dict) -> bool:
+    """Whether a fused run starts at this equation: it binds one of :data:`FUSED_FIRST`, a call in its body."""
+    body = called_jaxpr(prim, params)
+    if body is None:
+        return prim.name in FUSED_FIRST
+    return any(fused_first(e.primitive, e.params) for e in body.eqns)
+
+
+def params_key(params: dict) -> tuple:
+    """An equation's parameters as part of a key (they are hashable where JAX caches by them)."""
+    return tuple(sorted(params.items()))

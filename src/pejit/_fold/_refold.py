@@ -1,0 +1,150 @@
+"""Values of a batch that constants alone define, computed again at a far use rather than held.
+
+Part of the folding back end (:func:`pejit._fold._batch.run_batch`): see :class:`Refolds`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import heapq
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _compat
+from . import _abstract, _host
+
+
+def _is_var(a) -> bool:
+    return isinstance(a, _compat.Var)
+
+
+def evaluate(r, args: list) -> Any:
+    """``r`` on ``args``: on the host where a rule gives XLA's bits (no compile), else by JAX."""
+    outs = _host.evaluate(r.prim, args, r.params)
+    return _abstract.evaluate(r.prim, args, r.params) if outs is None else outs
+
+
+#: A batch's value that constants alone define (through at most REMAT_DEPTH
+#: equations), of at least REMAT_BYTES, whose next use is more than
+#: REMAT_GAP equations away, is computed again there rather than held (see
+#: Refolds).
+REMAT_BYTES = 2**20
+REMAT_GAP = 32
+REMAT_DEPTH = 3
+#: Bytes of such values a batch holds before it drops the one read farthest
+#: ahead (WaveEquation2D at full size: 65 recomputations of TFC's basis, 2.7 s;
+#: with none held, 92 and 3.4 s; 294 MiB live at most against 393 MiB)
+REMAT_HELD = 128 * 2**20
+#: How many equations ahead of its read a dropped value is computed again on
+#: the worker (see Refolds.prefetch).
+REMAT_LEAD = 16
+
+
+class Refolds:
+    """Values of a batch that its constants alone define, dropped between far uses and computed again.
+
+    The fold records the same known work once (``Folder._fold_key``), so
+    TFC's basis at a zero coordinate, ``H(zeros_like(x), y, t)``, is one
+    value that derivatives read from the start of the batch to its end:
+    the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
+    transposes and products, at once (690 MiB live against 155 MiB when
+    each read computed its own). Such a value (one output, defined by at
+    most :data:`REMAT_DEPTH` equations from constants or small values
+    from before the batch) is dropped, the one read farthest ahead first,
+    while more than :data:`REMAT_HELD` bytes of them are held and its next
+    read is far; its equations run again just before that read.
+    """
+
+    def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
+                 worker: concurrent.futures.Executor | None = None):
+        self._kernels = kernels  # pejit._fold._offload.Kernels: a kernel runs again by its lowering
+        self._worker = worker  # computes dropped values again ahead of their reads
+        self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
+        self._ahead: dict[Any, concurrent.futures.Future] = {}
+        self._producer: dict[Any, tuple[Any, int]] = {}  # var -> (its recipe, depth)
+        self._next: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
+        self._missing: set = set()  # dropped, or released at a last use that was not the last
+        self._held: dict[Any, int] = {}  # large values of constants alone in env: their bytes
+        pinned = set()
+        for i, r in enumerate(recipes):
+            for a in r.args:
+                if _is_var(a):
+                    self._next[a].append(i)
+            if r.prim.multiple_results or r.outvars[0] is None:
+                continue
+            depth, inputs = 1, [a for a in r.args if _is_var(a)]
+            for a in inputs:
+                if a in self._producer:
+                    depth = max(depth, self._producer[a][1] + 1)
+                elif not (a in env and getattr(env[a], "nbytes", REMAT_BYTES) < REMAT_BYTES):
+                    depth = REMAT_DEPTH + 1
+            if depth <= REMAT_DEPTH:
+                self._producer[r.outvars[0]] = (r, depth)
+                pinned.update(a for a in inputs if a in env)
+        for a in pinned:  # kept for the recomputations (small, defined before the batch)
+            uses[a] += 1
+
+    def restore(self, r, env: dict) -> None:
+        """Compute again the inputs of ``r`` that were dropped (or take them from the worker)."""
+        for a in r.args:
+            if _is_var(a) and a not in env and a in self._missing:
+                self._missing.discard(a)
+                future = self._ahead.pop(a, None)
+                try:  # what the worker has not started is computed here
+                    value = future.result() if future is not None and not future.cancel() else None
+                except Exception:  # noqa: BLE001 - computed here instead, where an error is the batch's
+                    value = None
+                env[a] = self._value(a, env, {}) if value is None else value
+
+    def prefetch(self, position: int, env: dict) -> None:
+        """Have the worker compute again the dropped values read within
+        :data:`REMAT_LEAD` equations after ``position``, where their
+        equation's inputs are held: the folding thread then finds them
+        computed, as it finds the kernels the worker ran (see
+        :mod:`pejit._fold._offload`), instead of computing them at the read."""
+        while self._dropped and self._dropped[0][0] - position <= REMAT_LEAD:
+            _, _, a = heapq.heappop(self._dropped)
+            if a in env or a not in self._missing or a in self._ahead:
+                continue
+            p = self._producer[a][0]
+            if all(not _is_var(b) or b in env for b in p.args):
+                args = [env[b] if _is_var(b) else b for b in p.args]
+                self._ahead[a] = self._worker.submit(self._compute, p, args)
+
+    def _compute(self, p, args: list):
+        out = None if self._kernels is None else self._kernels.compute(p, args)
+        return evaluate(p, args) if out is None else out
+
+    def _value(self, a, env: dict, scratch: dict):
+        if a in env:
+            return env[a]
+        if a not in scratch:
+            p = self._producer[a][0]
+            scratch[a] = self._compute(p, [self._value(b, env, scratch) if _is_var(b) else b for b in p.args])
+        return scratch[a]
+
+    def release(self, position: int, r, env: dict) -> None:
+        """After ``r`` (at ``position``), drop large values of constants alone, those read
+        farthest ahead first, until at most :data:`REMAT_HELD` bytes of them are held."""
+        for a in r.args:
+            if not _is_var(a) or a not in self._producer:
+                continue
+            waiting = self._next[a]
+            while waiting and waiting[0] <= position:
+                waiting.popleft()
+            if not waiting:
+                self._held.pop(a, None)
+            elif a not in env:  # released: an input of a recomputation only
+                self._missing.add(a)
+            elif getattr(env[a], "nbytes", 0) >= REMAT_BYTES:
+                self._held[a] = env[a].nbytes
+        while sum(self._held.values()) > REMAT_HELD:
+            far = max(self._held, key=lambda v: self._next[v][0])
+            if self._next[far][0] - position <= REMAT_GAP:
+                break
+            del env[far], self._held[far]
+            self._missing.add(far)
+            if self._worker is not None:
+                heapq.heappush(self._dropped, (self._next[far][0], id(far), far))

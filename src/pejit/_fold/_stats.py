@@ -1,0 +1,40 @@
+"""``FoldStats``: what one specialization folded and kept, counted as it folds.
+
+The folding trace, the fold rules and the residual passes count into one
+``FoldStats``; :class:`~pejit._reports._report.FoldReport` is built from it, and the
+persistent cache stores it with the folded constants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from .. import _compat
+
+
+@dataclasses.dataclass
+class FoldStats:
+    """What one specialization folded and kept, by primitive name."""
+
+    folded: Counter = dataclasses.field(default_factory=Counter)
+    staged: Counter = dataclasses.field(default_factory=Counter)
+    eliminated_branches: int = 0
+    hoisted: Counter = dataclasses.field(default_factory=Counter)
+    effects_kept: Counter = dataclasses.field(default_factory=Counter)
+    eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
+    flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._fold._flops)
+    batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+    collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
+
+
+def label(prim, params: dict) -> str:
+    """How reports count an equation: its primitive, and a nested call's function.
+
+    `jit(cholesky)` rather than `jit`, as the DOT graph labels it.
+    """
+    name = params.get("name")
+    return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
+
+
+__all__ = ["FoldStats", "label"]

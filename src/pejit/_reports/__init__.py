@@ -1,0 +1,1 @@
+"""What a fold reports, and what folding some inputs would remove."""

@@ -1,0 +1,1 @@
+"""Partial evaluation to a residual program: fold rules, and the passes over the residual."""
