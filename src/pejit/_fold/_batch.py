@@ -65,8 +65,6 @@ DEFAULT_BANDWIDTH = 5e11
 #: on 256x256 float32 folded 7% more slowly with its runs compiled).
 CACHED_BYTES = {"cpu": 2**20}
 
-BACKENDS = ("auto", "eager", "compiled")
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Recipe:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from . import _batch
+#: The values of ``FoldOptions.backend`` (see ``pejit._fold._batch``).
+BACKENDS = ("auto", "eager", "compiled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +88,8 @@ class FoldOptions:
     affine_max_bytes: int = 16 * 2**20
 
     def __post_init__(self):
-        if self.backend not in _batch.BACKENDS:
-            raise ValueError(f"FoldOptions: backend must be one of {_batch.BACKENDS}, got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"FoldOptions: backend must be one of {BACKENDS}, got {self.backend!r}")
 
 
 __all__ = ["FoldOptions"]
