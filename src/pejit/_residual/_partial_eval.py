@@ -18,7 +18,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from . import _collapse, _cse, rules  # noqa: F401  (registers the built-in fold rules)
+from . import _collapse, _cse
 from .._fold._abstract import is_abstract
 from .._fold._batch import nbytes
 from .._fold._folding import Folder, replay
