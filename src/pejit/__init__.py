@@ -2,6 +2,19 @@
 
 Arguments marked constant are folded at specialization time; the compiled
 program keeps only the work that depends on the dynamic arguments.
+
+The package, top to bottom (each part imports only the parts below it):
+
+* the public surface, here: ``_api`` (``pejit``, ``pe``), ``_jit``
+  (``Pejitted``), ``_tfc`` (``BoundPejitted``), ``_auto``
+  (``AutoPejitted``), ``_explain``, ``_export``; ``__main__`` and
+  ``_demo``, the command line;
+* ``_calls``: the call path, from arguments to a cached specialization;
+* ``_residual``: partial evaluation to a residual program, fold rules and
+  the passes over the residual;
+* ``_reports``: ``FoldReport`` and the estimates of ``auto``;
+* ``_fold``: the folding trace and its back end;
+* ``_compat``: every JAX internal pejit uses.
 """
 
 from ._api import pe as pe
@@ -17,19 +30,19 @@ from ._calls._errors import NothingFoldedWarning as NothingFoldedWarning
 from ._calls._errors import PejitWarning as PejitWarning
 from ._calls._errors import RespecializingWarning as RespecializingWarning
 from ._calls._errors import WritableConstantWarning as WritableConstantWarning
-from ._explain import explain as explain
-from ._export import export_folded as export_folded
-from ._fold._fold_rules import register_fold_rule as register_fold_rule
-from ._jit import Pejitted as Pejitted
-from ._fold._options import FoldOptions as FoldOptions
 from ._calls._persist import PersistentCacheWarning as PersistentCacheWarning
 from ._calls._program import Specialization as Specialization
-from ._reports._report import FoldReport as FoldReport
-from ._residual._partial_eval import Residual as Residual
-from ._residual._partial_eval import specialize_jaxpr as specialize_jaxpr
 from ._calls._stages import Compiled as Compiled
 from ._calls._stages import Lowered as Lowered
 from ._calls._stages import Traced as Traced
+from ._explain import explain as explain
+from ._export import export_folded as export_folded
+from ._fold._fold_rules import register_fold_rule as register_fold_rule
+from ._fold._options import FoldOptions as FoldOptions
+from ._jit import Pejitted as Pejitted
+from ._reports._report import FoldReport as FoldReport
+from ._residual._partial_eval import Residual as Residual
+from ._residual._partial_eval import specialize_jaxpr as specialize_jaxpr
 from ._tfc import BoundPejitted as BoundPejitted
 
 __version__ = "0.1.0"

@@ -1,1 +1,18 @@
-"""The folding trace and its back end: known work evaluated, dynamic work staged."""
+"""The folding trace and its back end: known work evaluated, dynamic work staged.
+
+In the order a fold passes through them: ``_staging`` is JAX's tracing to
+a jaxpr, with a policy (``_policy``'s ``FoldPolicy``) asked before each
+equation; ``_folding``'s ``Folder`` is that policy: it looks the
+primitive up in the fold rules (``_fold_rules``), stages dynamic work and
+records known work as recipes, keeps cheap expansions lazy, reads its
+switches from ``_options`` and counts into ``_stats`` (FLOPs by
+``_flops``). ``_batch`` evaluates the recipes a value needs, in batches,
+eager or compiled by a cost model: on the host where NumPy gives XLA's
+bits (``_host``), opaque kernels on a worker thread (``_offload``), far
+reads of constant-only values computed again (``_refold``), results kept
+compact (``_values``). Beside them: ``_abstract`` (known values that are
+tracers, for value-independent folding programs), ``_primitives`` (the
+tables of primitives by kind), ``_progress``, ``_gc`` and ``_multihost``.
+
+Imports: ``_compat`` only.
+"""
