@@ -13,11 +13,11 @@ from typing import Any
 
 from . import _compat
 from ._auto import AutoPejitted
-from ._jit import Pejitted
+from ._calls._unfolded import explained
 from ._fold._options import FoldOptions
+from ._jit import Pejitted
 from ._reports._report import FoldReport
 from ._tfc import BoundPejitted, core_call
-from ._calls._unfolded import explained
 
 
 @_compat.api_boundary

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from ._calls import _argnums, _errors
 from ._calls._argnums import interleave
 from ._calls._dispatch import bound_dispatcher
-from ._jit import Pejitted, dynamic_function, layout_dispatch
 from ._calls._program import Specialization
 from ._calls._stages import Lowered, Traced
+from ._jit import Pejitted, dynamic_function, layout_dispatch
 
 
 class BoundPejitted:

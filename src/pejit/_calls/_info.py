@@ -17,9 +17,9 @@ from typing import Any
 import jax
 
 from .. import _compat
+from .._fold._options import FoldOptions
 from . import _argnums
 from ._cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE
-from .._fold._options import FoldOptions
 
 
 @dataclasses.dataclass(frozen=True)

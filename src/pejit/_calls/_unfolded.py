@@ -21,13 +21,13 @@ import jax
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from ._argnums import interleave
 from .._fold._folding import Folder
+from .._fold._staging import trace_staging
+from .._reports._report import FoldReport
+from ._argnums import interleave
 from ._info import split_call
 from ._keys import dynamic_aval
-from .._reports._report import FoldReport
 from ._specializer import as_jax
-from .._fold._staging import trace_staging
 
 
 class StageAll(Folder):
