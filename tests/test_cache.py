@@ -226,6 +226,26 @@ def test_read_only_numpy_constant_is_keyed_by_identity():
     assert f.cache_info().currsize == 0
 
 
+def test_a_numpy_view_of_a_jax_array_needs_no_guard_and_one_of_a_bytearray_does():
+    """TFC's grids are ``np.asarray`` of ``jax.Array``s: read-only views of memory
+    nobody writes, recognized by identity. A read-only view of a bytearray
+    can change under it: its contents are checked on every call."""
+    from pejit._calls._keys import immutable
+
+    frozen = np.asarray(jnp.asarray(spd(0)))
+    assert not frozen.flags.writeable and immutable(frozen)
+    backing = bytearray(np.asarray(spd(0)).tobytes())
+    changing = np.frombuffer(memoryview(backing).toreadonly(), np.float32).reshape(4, 4)
+    assert not changing.flags.writeable and not immutable(changing)
+    f = pj(affine, constant_argnums=0)
+    x = jnp.ones(4)
+    for a in (frozen, changing):
+        f(a, x)
+        np.testing.assert_allclose(f(a, x), affine(jnp.asarray(a), x), rtol=1e-6)
+    backing[:4] = np.float32(7.0).tobytes()  # changing[0, 0] is 7 now
+    np.testing.assert_allclose(f(changing, x), affine(jnp.asarray(changing), x), rtol=1e-6)
+
+
 # -- cheap re-specialization ---------------------------------------------------
 def test_new_value_reuses_the_traced_and_compiled_programs():
     counted = Counter(affine)

@@ -514,6 +514,11 @@ def dynamic_function(pj: Pejitted, args: tuple, kwargs: dict) -> tuple[Callable,
     return jax.jit(spec.call, **jit_kwargs_for(pj.info, pj._layout(len(args)), 0)), dyn_args, dyn_kwargs
 
 
-def layout_dispatch(pj: Pejitted, n: int) -> Callable:
-    """The generated call of ``pj`` with ``n`` positional arguments (``jax.jit``'s, without constants)."""
-    return pj._dispatch if pj._is_jax_jit else pj._layout(n).dispatch
+def bound_dispatch(pj: Pejitted, n: int, constants: dict[int, Any], full: Callable) -> Callable:
+    """The generated call of the TFC form of ``pj``: its ``n`` arguments but
+    the bound ``constants`` (``full(args, kwargs)`` raises for other calls)."""
+    if pj._is_jax_jit:
+        return pj._dispatch  # nothing bound: jax.jit's own call
+    layout = pj._layout(n)
+    return dispatcher(n, layout.const, layout.dyn, pj._caches.fast_path(), full, pj._uncached,
+                      None if pj._jitted is None else _compat.DISABLE_JIT, bound=constants)

@@ -15,10 +15,9 @@ from collections.abc import Callable
 
 from ._calls import _argnums, _errors
 from ._calls._argnums import interleave
-from ._calls._dispatch import bound_dispatcher
 from ._calls._program import Specialization
 from ._calls._stages import Lowered, Traced
-from ._jit import Pejitted, dynamic_function, layout_dispatch
+from ._jit import Pejitted, bound_dispatch, dynamic_function
 
 
 class BoundPejitted:
@@ -56,7 +55,7 @@ class BoundPejitted:
         )
         functools.update_wrapper(self, fun)
         self._core.specialize(*example_args)
-        self._call = bound_dispatcher(n, self._const, layout_dispatch(self._core, n), self._full)
+        self._call = bound_dispatch(self._core, n, self._const, self._full)
 
     # Like ``Pejitted``'s: the call is one generated function (C-level property).
     __call__ = property(operator.attrgetter("_call"))

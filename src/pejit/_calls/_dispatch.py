@@ -47,10 +47,10 @@ class Layout(NamedTuple):
 
 _SOURCE = """
 def dispatch(*args, **kwargs):
-    if len(args) != {n}:
+    if {wrong_arity}:
         return route(args, kwargs)
     if {unusual}:
-        return uncached(args, kwargs)
+        return uncached({full_args}, kwargs)
     if dead:
         purge()
     memo = last[0]
@@ -60,12 +60,13 @@ def dispatch(*args, **kwargs):
             return memo[-1]({dynamic}**kwargs)
         except OtherSignature:
             counts.hits -= 1
-    return uncached(args, kwargs)
+    return uncached({full_args}, kwargs)
 """
 
 
 def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: FastPath, route: Callable,
-               uncached: Callable, disable_jit: Any = None, fixed_names: frozenset[str] = frozenset()) -> Callable:
+               uncached: Callable, disable_jit: Any = None, fixed_names: frozenset[str] = frozenset(),
+               bound: dict[int, Any] | None = None) -> Callable:
     """The call with ``n`` positional arguments, through the ``cache`` view.
 
     A call whose constants are the memo's (see :func:`memo`) is served in one
@@ -78,20 +79,36 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     compiled function) or named axes are in effect (``vmap`` with an axis
     name: the full key includes them).
 
+    With ``bound`` (the TFC form: the constants by position, bound once),
+    the call takes the dynamic arguments only, positionally, and compares
+    the memo with the bound constants' identities, written into the code;
+    ``route`` gets calls with keywords or another number of arguments.
+
     An id in the memo only ever comes from a live constant: a ``jax.Array``
     is watched (dead ones are purged first), anything else is held by the memo.
     """
-    memo_check = " and ".join(f"id(args[{i}]) == memo[{j + 1}]" for j, i in enumerate(const))
     unusual = ["axes.value is not no_axes"]
     if disable_jit is not None:
         unusual.append("disable_jit.value")
     if fixed_names:
         unusual.append("(kwargs and not fixed_names.isdisjoint(kwargs))")
+    bound = bound or {}
+    given = iter(range(n - len(bound)))  # the call's own arguments, in order
+    position = {i: f"c{i}" if i in bound else f"args[{next(given)}]" for i in range(n)}
+    constants = {f"c{i}": c for i, c in bound.items()}  # held here: their ids stay theirs
+    memo_check = " and ".join(
+        f"memo[{j + 1}] == {id(bound[i])}" if i in bound else f"id({position[i]}) == memo[{j + 1}]"
+        for j, i in enumerate(const))
+    if bound:
+        wrong_arity = f"kwargs or len(args) != {n - len(bound)}"
+        full_args = "({},)".format(", ".join(position[i] for i in range(n)))
+    else:
+        wrong_arity, full_args = f"len(args) != {n}", "args"
     source = _SOURCE.format(
-        n=n, memo_check=memo_check or "True", dynamic="".join(f"args[{i}], " for i in dyn),
-        unusual=" or ".join(unusual),
+        n=n, wrong_arity=wrong_arity, full_args=full_args, memo_check=memo_check or "True",
+        dynamic="".join(f"{position[i]}, " for i in dyn), unusual=" or ".join(unusual),
     )
-    namespace = cache._asdict() | {
+    namespace = cache._asdict() | constants | {
         "route": route, "uncached": uncached, "disable_jit": disable_jit, "fixed_names": fixed_names,
         "axes": _compat.AXIS_ENV, "no_axes": _compat.NO_AXES, "OtherSignature": OtherSignature,
     }
@@ -137,27 +154,6 @@ def _trees_unchanged(arrays: Callable[[], bool] | None, trees: list[tuple]) -> b
     """The guard of a memo with pytree constants: its NumPy ones unchanged, and
     each tree's key what it was."""
     return (arrays is None or arrays()) and all(same_constant(i, c, k) for i, c, k in trees)
-
-
-_BOUND_SOURCE = """
-def call(*args, **kwargs):
-    if kwargs or len(args) != {k}:
-        full(args, kwargs)  # raises the TypeError
-    return dispatch({merged})
-"""
-
-
-def bound_dispatcher(n: int, constants: dict[int, Any], dispatch: Callable, full: Callable) -> Callable:
-    """The call of the TFC form: its bound constants merged back in, then ``dispatch``.
-
-    ``dispatch`` is the dispatcher of the ``n`` full arguments; ``full(args, kwargs)``
-    raises the ``TypeError`` for keywords or a wrong number of arguments.
-    """
-    dyn = iter(range(n - len(constants)))
-    merged = ", ".join(f"c{i}" if i in constants else f"args[{next(dyn)}]" for i in range(n))
-    namespace = {f"c{i}": v for i, v in constants.items()} | {"dispatch": dispatch, "full": full}
-    exec(compile(_BOUND_SOURCE.format(k=n - len(constants), merged=merged), GENERATED, "exec"), namespace)  # noqa: S102
-    return namespace["call"]
 
 
 def straight_line(elements: list[str]) -> Callable[[tuple], tuple]:

@@ -136,12 +136,16 @@ def _digest(a: np.ndarray) -> bytes:
 
 def immutable(a: np.ndarray) -> bool:
     """Whether nobody can write ``a``: it and every array it views are read-only
-    (a read-only view of a writable array can still change under it)."""
+    (a read-only view of a writable array can still change under it), down
+    to memory nobody writes: its own, ``bytes``, or a ``jax.Array``'s
+    (``np.asarray`` of one, as TFC's grids are, views it read-only)."""
     while isinstance(a, np.ndarray):
         if a.flags.writeable:
             return False
         a = a.base
-    return a is None or isinstance(a, bytes)
+    if isinstance(a, memoryview):
+        a = a.obj if a.readonly else bytearray()
+    return a is None or isinstance(a, (bytes, jax.Array))
 
 
 def watched(leaves: list[Any]) -> list[Any]:
