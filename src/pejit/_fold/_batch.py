@@ -20,7 +20,7 @@ Each batch runs on one of two back ends:
 
 :func:`plan_batch` splits a batch into segments and picks a back end for
 each with a cost model: fusing saves, per equation, one dispatch and the
-memory traffic of its output (written, then read back); it costs a
+memory traffic of its intermediates (written, then read back); it costs a
 compilation. Many small equations (a long chain on a small array) favour
 eager evaluation; runs of cheap elementwise equations on large arrays
 favour one compiled program. Primitives without a lowering always run
@@ -178,7 +178,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
         else:
             segments.append(Segment("eager", tuple(run)))
         if host:
-            on_host.update(v for r in run if _host_evaluates(r) for v in r.outvars if v is not None)
+            on_host.update(v for r in run if _host.covers_equation(r.prim, r.params) for v in r.outvars if v is not None)
     return segments
 
 
@@ -195,12 +195,6 @@ def _inputs(run: Sequence[Recipe]) -> list[Any]:
 
 def _bytes(a) -> int:
     return nbytes(a.aval) if _is_var(a) else a.nbytes
-
-
-def _host_evaluates(r: Recipe) -> bool:
-    """Whether an eager batch computes ``r`` on the host (see :mod:`pejit._fold._host`)."""
-    body = called_jaxpr(r.prim, r.params)
-    return _host.covers(body) if body is not None else r.prim in _host.HOST_RULES
 
 
 def one_program_pays(eqns: Sequence[Any]) -> bool:

@@ -330,12 +330,15 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     return [_owned(o) for o in out] if prim.multiple_results else _owned(out)
 
 
+def covers_equation(prim, params: dict) -> bool:
+    """Whether rules cover an equation of ``prim`` (a call: its whole body)."""
+    return covers(call_body(params)[0]) if prim.name in CALLS else prim in HOST_RULES
+
+
 def covers(jaxpr) -> bool:
     """Whether rules cover every equation of ``jaxpr``, calls' bodies too
     (a rule may still decline some inputs: a dtype it does not know)."""
-    return jaxpr is not None and all(
-        covers(call_body(e.params)[0]) if e.primitive.name in CALLS else e.primitive in HOST_RULES
-        for e in jaxpr.eqns)
+    return jaxpr is not None and all(covers_equation(e.primitive, e.params) for e in jaxpr.eqns)
 
 
 def _call(jaxpr, consts, args) -> list[Any] | None:

@@ -38,7 +38,7 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -160,6 +160,14 @@ class Kernels:
             return None if kernel is None else kernel([_host.to_jax(a) for a in args])
         except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
             return None
+
+    def prepare(self, recipe, args: Sequence[Any]) -> Callable[[], Any] | None:
+        """A call of ``recipe``'s kernel on ``args`` for another thread, lowered
+        here (under this thread's configuration); None if it is no kernel."""
+        if not self.kernel(recipe):
+            return None
+        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        return None if kernel is None else functools.partial(kernel, [_host.to_jax(a) for a in args])
 
     def take(self, recipe, args: Sequence[Any]) -> Any:
         """The outputs of ``recipe`` on ``args``, if it is a kernel; else None.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import heapq
 from collections import Counter
 from collections.abc import Sequence
@@ -103,7 +104,11 @@ class Refolds:
         :data:`REMAT_LEAD` equations after ``position``, where their
         equation's inputs are held: the folding thread then finds them
         computed, as it finds the kernels the worker ran (see
-        :mod:`pejit._fold._offload`), instead of computing them at the read."""
+        :mod:`pejit._fold._offload`), instead of computing them at the read.
+
+        Only what runs the same on any thread goes: a kernel lowered here
+        (under this thread's configuration: ``jax.enable_x64`` is per
+        thread), or a host rule's NumPy; JAX's eager dispatch stays here."""
         while self._dropped and self._dropped[0][0] - position <= REMAT_LEAD:
             _, _, a = heapq.heappop(self._dropped)
             if a in env or a not in self._missing or a in self._ahead:
@@ -111,7 +116,11 @@ class Refolds:
             p = self._producer[a][0]
             if all(not _is_var(b) or b in env for b in p.args):
                 args = [env[b] if _is_var(b) else b for b in p.args]
-                self._ahead[a] = self._worker.submit(self._compute, p, args)
+                job = None if self._kernels is None else self._kernels.prepare(p, args)
+                if job is None and _host.covers_equation(p.prim, p.params):
+                    job = functools.partial(_host.evaluate, p.prim, args, p.params)
+                if job is not None:
+                    self._ahead[a] = self._worker.submit(job)
 
     def _compute(self, p, args: list):
         out = None if self._kernels is None else self._kernels.compute(p, args)
