@@ -17,6 +17,11 @@ def requires_jax(version: tuple[int, int], why: str):
     return pytest.mark.skipif(JAX_VERSION < version, reason=f"JAX < {'.'.join(map(str, version))}: {why}")
 
 
+#: For tests of the CPU back end (host rules, the worker thread, NumPy views of
+#: jax.Arrays, the cost model's CPU figures).
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="tests the CPU back end")
+
+
 def all_eqns(jaxpr):
     """Every equation of ``jaxpr``, sub-jaxprs (cond branches, loop bodies, calls) included."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)

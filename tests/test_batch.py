@@ -14,7 +14,7 @@ from pejit import FoldOptions, pe, pejit
 from pejit._fold import _batch
 from pejit._fold._folding import Folder
 from pejit._fold._staging import trace_staging
-from ._util import requires_jax
+from ._util import cpu_only, requires_jax
 
 BACKENDS = ["auto", "eager", "compiled"]
 
@@ -91,6 +91,7 @@ def test_cheap_ops_on_large_arrays_are_compiled():
     assert batches[0].equations == 40
 
 
+@cpu_only  # the cost model's CPU figures
 def test_transcendentals_start_compiled_runs():
     # XLA:CPU's sin/cos are slow on an input computed in the same fused
     # loop, so each starts a run: (sin, *, +) runs are compiled, and cos,
@@ -103,6 +104,7 @@ def test_transcendentals_start_compiled_runs():
     assert len(_batch._programs) == 1
 
 
+@cpu_only  # the cost model's CPU figures
 def test_a_run_whose_intermediates_stay_in_cache_runs_eagerly():
     # fusing saves writing and reading back the intermediates; at 256x256
     # float32 they stay in a core's cache, and the (sin, *, +) runs do not
@@ -112,6 +114,7 @@ def test_a_run_whose_intermediates_stay_in_cache_runs_eagerly():
     assert [b.backend for b in batches] == ["eager"]
 
 
+@cpu_only  # the host rules run on one CPU device
 @pytest.mark.parametrize("kind", ["host", "jax"])
 def test_a_run_on_numpy_arrays_pays_for_copying_them_in(kind):
     # a compiled program copies each NumPy array it reads: a (sin, *) run

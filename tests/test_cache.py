@@ -14,7 +14,7 @@ import pytest
 import pejit
 from pejit import FoldingSkippedWarning, pejit as pj
 
-from ._util import Counter, requires_jax
+from ._util import Counter, cpu_only, requires_jax
 
 
 def affine(a, x):
@@ -226,6 +226,7 @@ def test_read_only_numpy_constant_is_keyed_by_identity():
     assert f.cache_info().currsize == 0
 
 
+@cpu_only  # elsewhere np.asarray copies a jax.Array's memory
 def test_a_numpy_view_of_a_jax_array_needs_no_guard_and_one_of_a_bytearray_does():
     """TFC's grids are ``np.asarray`` of ``jax.Array``s: read-only views of memory
     nobody writes, recognized by identity. A read-only view of a bytearray

@@ -16,6 +16,8 @@ from pejit import _compat
 from pejit._fold import _batch, _host, _offload, _refold
 from pejit._fold._batch import Recipe, Segment
 
+from ._util import cpu_only
+
 C = jnp.asarray(np.random.default_rng(0).standard_normal((600, 600)).astype(np.float32))  # 1.4 MB
 SMALL = [jnp.full((8,), float(k), np.float32) for k in range(40)]
 
@@ -82,6 +84,7 @@ def test_a_dropped_value_read_by_a_compiled_segment_is_computed_again(computed):
     assert len(computed) >= 2  # dropped after its first read, not held across the fillers
 
 
+@cpu_only
 @pytest.mark.skipif(_offload._cores() < 2, reason="one core: no worker to compute ahead")
 def test_the_worker_computes_a_dropped_value_ahead_of_its_read(computed):
     segments, outputs = _batch_reading_h_far_apart()
