@@ -62,6 +62,15 @@ def test_tfc_form_arity_error_names_counts():
         g(1.0, 2.0, 3.0)
 
 
+def test_tfc_form_with_nothing_bound_checks_its_calls_alike():
+    g = pejit(1.0, 2.0, 3.0, 4.0, constant_arg_nums=[])(f4)
+    assert g(1.0, 2.0, 3.0, 4.0) == f4(1.0, 2.0, 3.0, 4.0)
+    with pytest.raises(TypeError, match=r"takes 4 positional arguments \(the non-constant ones\) but 3"):
+        g(1.0, 2.0, 3.0)
+    with pytest.raises(TypeError, match=r"takes its non-constant arguments by position"):
+        g(1.0, 2.0, 3.0, d=4.0)
+
+
 def test_tfc_form_folds_at_creation_and_respecializes_on_new_shape():
     counted = Counter(lambda A, x: jnp.linalg.inv(A) @ x)
     A = jnp.eye(3) * 2

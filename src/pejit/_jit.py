@@ -517,8 +517,6 @@ def dynamic_function(pj: Pejitted, args: tuple, kwargs: dict) -> tuple[Callable,
 def bound_dispatch(pj: Pejitted, n: int, constants: dict[int, Any], full: Callable) -> Callable:
     """The generated call of the TFC form of ``pj``: its ``n`` arguments but
     the bound ``constants`` (``full(args, kwargs)`` raises for other calls)."""
-    if pj._is_jax_jit:
-        return pj._dispatch  # nothing bound: jax.jit's own call
     layout = pj._layout(n)
     return dispatcher(n, layout.const, layout.dyn, pj._caches.fast_path(), full, pj._uncached,
                       None if pj._jitted is None else _compat.DISABLE_JIT, bound=constants)

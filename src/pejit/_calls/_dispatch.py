@@ -92,18 +92,18 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
         unusual.append("disable_jit.value")
     if fixed_names:
         unusual.append("(kwargs and not fixed_names.isdisjoint(kwargs))")
-    bound = bound or {}
-    given = iter(range(n - len(bound)))  # the call's own arguments, in order
-    position = {i: f"c{i}" if i in bound else f"args[{next(given)}]" for i in range(n)}
-    constants = {f"c{i}": c for i, c in bound.items()}  # held here: their ids stay theirs
+    fixed = bound or {}
+    given = iter(range(n - len(fixed)))  # the call's own arguments, in order
+    position = {i: f"c{i}" if i in fixed else f"args[{next(given)}]" for i in range(n)}
+    constants = {f"c{i}": c for i, c in fixed.items()}  # held here: their ids stay theirs
     memo_check = " and ".join(
-        f"memo[{j + 1}] == {id(bound[i])}" if i in bound else f"id({position[i]}) == memo[{j + 1}]"
+        f"memo[{j + 1}] == {id(fixed[i])}" if i in fixed else f"id({position[i]}) == memo[{j + 1}]"
         for j, i in enumerate(const))
-    if bound:
-        wrong_arity = f"kwargs or len(args) != {n - len(bound)}"
-        full_args = "({},)".format(", ".join(position[i] for i in range(n)))
-    else:
+    if bound is None:
         wrong_arity, full_args = f"len(args) != {n}", "args"
+    else:
+        wrong_arity = f"kwargs or len(args) != {n - len(bound)}"
+        full_args = "({})".format("".join(f"{position[i]}, " for i in range(n)))
     source = _SOURCE.format(
         n=n, wrong_arity=wrong_arity, full_args=full_args, memo_check=memo_check or "True",
         dynamic="".join(f"{position[i]}, " for i in dyn), unusual=" or ".join(unusual),
