@@ -144,7 +144,7 @@ def immutable(a: np.ndarray) -> bool:
             return False
         a = a.base
     if isinstance(a, memoryview):
-        a = a.obj if a.readonly else bytearray()
+        return a.readonly and isinstance(a.obj, (bytes, jax.Array))
     return a is None or isinstance(a, (bytes, jax.Array))
 
 

@@ -325,8 +325,14 @@ def _compiled_alone(prim, params: dict) -> bool:
     if prim.name in CALLS:
         body = called_jaxpr(prim, params)
         return prim.name in _USER_CALLS and body is not None and _body_alone(body)
-    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS
-            and (not fusible(prim, params) or fused_first(prim, params)) and _compat.has_lowering(prim, "cpu"))
+    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS and _unfused(prim, params)
+            and _compat.has_lowering(prim, "cpu"))
+
+
+def _unfused(prim, params: dict) -> bool:
+    """Whether a batch may evaluate this equation outside a compiled run: it
+    is not fusible, or a run starts at it (a run that may stay eager)."""
+    return not fusible(prim, params) or fused_first(prim, params)
 
 
 def _body_alone(body) -> bool:
@@ -335,9 +341,8 @@ def _body_alone(body) -> bool:
     which the answer does not keep alive."""
     alone = _alone_bodies.get(body)
     if alone is None:
-        alone = _alone_bodies[body] = (
-            not all(fusible(e.primitive, e.params) and not fused_first(e.primitive, e.params) for e in body.eqns)
-            and not _host.covers(body))
+        alone = _alone_bodies[body] = (any(_unfused(e.primitive, e.params) for e in body.eqns)
+                                       and not _host.covers(body))
     return alone
 
 
