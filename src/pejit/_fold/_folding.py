@@ -387,7 +387,8 @@ class Folder:
                 if element is not None:  # a zero, a one, a fill value, however spelled
                     dtype, _, bits = element
                     aval = outvars[0].aval
-                    self._uniform_vars[outvars[0]] = ("uniform", tuple(aval.shape), dtype, aval.weak_type, bits)
+                    self._uniform_vars[outvars[0]] = _values.uniform_key(
+                        aval.shape, dtype, aval.weak_type, np.frombuffer(bits, dtype)[0])
         return outs
 
     def _uniform_value(self, x):
@@ -402,10 +403,10 @@ class Folder:
         TFC PDE's call-time form peaked at 2.5 GB instead of 1.2 GB)."""
         var = self._var(x)
         key = None if var is None else self._uniform_vars.get(var)
-        if key is None or key[3]:  # NumPy has no weak types
+        if key is None:
             return x
-        _, shape, dtype, _, bits = key
-        return np.broadcast_to(np.frombuffer(bits, dtype)[0], shape)
+        dtype, weak, bits = _values.scalar_of(key)
+        return x if weak else np.broadcast_to(np.frombuffer(bits, dtype)[0], var.aval.shape)  # NumPy has no weak types
 
     def _fold_key(self, prim, args, params):
         """What identifies a fold (or an expansion): its primitive, its
