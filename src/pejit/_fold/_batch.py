@@ -43,8 +43,8 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from .. import _compat
-from . import _abstract, _host, _offload, _refold
-from ._primitives import called_jaxpr, fused_first, fusible, params_key
+from . import _abstract, _compiled, _host, _offload, _refold
+from ._primitives import called_jaxpr, fused_first, fusible
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -105,13 +105,20 @@ class BatchInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """Consecutive recipes of a batch that run on the same back end."""
+    """Consecutive recipes of a batch that run on the same back end.
+
+    A ``"compiled"`` run has the ``key`` of its program's structure; a
+    ``"loop"`` is a :class:`~pejit._fold._compiled.Chain` of such runs.
+    """
 
     backend: str
     recipes: tuple
+    key: Any = dataclasses.field(default=None, compare=False)
+    chain: Any = None
 
 
-def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = "cpu") -> list[Segment]:
+def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = "cpu",
+               outputs: Collection[Any] | None = None) -> list[Segment]:
     """Split a batch into segments and pick a back end for each.
 
     ``forced`` (``FoldOptions.backend``) overrides the cost model: ``"eager"``
@@ -136,6 +143,9 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     starts at each ``sin``/``cos``/``tan`` (``pejit._fold._primitives.FUSED_FIRST``):
     XLA:CPU evaluates them slowly on an input computed in the same loop. A
     program already compiled for the same structure costs nothing.
+
+    Given the batch's ``outputs`` (what is read after it), compiled runs
+    that each feed the next run as one loop (:mod:`pejit._fold._compiled`).
     """
     if forced in ("eager", "program") or len(recipes) < 2:
         return [Segment("program" if forced == "program" else "eager", tuple(recipes))]
@@ -153,7 +163,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
             runs[-1][1].append(r)
         else:
             runs.append((True, [r]))
-    keys = [_run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
+    keys = [_compiled.run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
     alike = Counter(keys)
     reads = Counter(a for r in recipes for a in r.args if _is_var(a))
     segments: list[Segment] = []
@@ -170,8 +180,8 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
         cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
         if key is not None:
             made.setdefault(key, set()).update(v for r in run for v in r.outvars)
-        if key is not None and (saved * alike[key] > cost or key in _programs):
-            segments.append(Segment("compiled", tuple(run)))
+        if key is not None and (saved * alike[key] > cost or _compiled.known(key)):
+            segments.append(Segment("compiled", tuple(run), key))
             continue
         if segments and segments[-1].backend == "eager":
             segments[-1] = Segment("eager", segments[-1].recipes + tuple(run))
@@ -179,7 +189,24 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
             segments.append(Segment("eager", tuple(run)))
         if host:
             on_host.update(v for r in run if _host.covers_equation(r.prim, r.params) for v in r.outvars if v is not None)
-    return segments
+    return segments if outputs is None else _roll(segments, reads, set(outputs))
+
+
+def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]:
+    """``segments`` with each chain of compiled runs (see :func:`pejit._fold._compiled.chain`) one loop."""
+    rolled, i = [], 0
+    while i < len(segments):
+        seg, j = segments[i], i + 1
+        while seg.key is not None and j < len(segments) and segments[j].key == seg.key:
+            j += 1
+        chain = _compiled.chain([s.recipes for s in segments[i:j]], reads, needed) if j - i > 1 else None
+        if chain is None:
+            rolled.append(seg)
+            i += 1
+        else:
+            rolled.append(Segment("loop", sum((s.recipes for s in segments[i:i + chain.steps]), ()), seg.key, chain))
+            i += chain.steps
+    return rolled
 
 
 def _inputs(run: Sequence[Recipe]) -> list[Any]:
@@ -265,8 +292,8 @@ def run_batch(
     with _compat.evaluating():
         for seg in segments:
             start, compiling = time.perf_counter(), [0.0]
-            whole = {"compiled": functools.partial(_run_compiled, compiling=compiling), "program": _stage}.get(
-                seg.backend)
+            whole = {"compiled": functools.partial(_compiled.run, compiling=compiling), "program": _stage,
+                     "loop": functools.partial(_compiled.run_chain, chain=seg.chain, compiling=compiling)}.get(seg.backend)
             if whole is not None:  # the segment at once: compiled, or staged as one equation
                 for r in seg.recipes:
                     refolds.restore(r, env)
@@ -335,7 +362,7 @@ def evaluate_jaxpr(
     # (uniform values as broadcasts, equal ones once): the program's later
     # equations (an affine collapse's matrices) read them
     kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
-    plan = plan_batch(recipes, backend, jax.default_backend())
+    plan = plan_batch(recipes, backend, jax.default_backend(), outputs)
     timings: list[tuple[float, float]] = []
     values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept))
     if segments is not None:
@@ -463,109 +490,10 @@ def _release(env, uses, args):
                 env.pop(a, None)
 
 
-#: Compiled batch programs by structure, so specializing the same function
-#: again (new constant values of the same shapes) recompiles nothing.
-_programs: dict[Any, Any] = {}
-_MAX_PROGRAMS = 64
-
-
 def clear_programs() -> None:
     """Forget the compiled batch programs and kernels (``cache_clear()`` calls this)."""
-    _programs.clear()
     _offload.clear_programs()
-
-
-def _run_compiled(recipes, env, outputs, compiling: list[float] | None = None):
-    """The recipes as one compiled program (cached by structure); ``compiling[0]``
-    gets the seconds spent compiling it."""
-    key, structure, out_refs, inputs = _structure(recipes, env, outputs)
-    try:
-        program = _programs.get(key)
-    except TypeError:  # unhashable parameters: compile without caching
-        key, program = None, None
-    if program is None:
-        start = time.perf_counter()
-        program = jax.jit(_interpreter(recipes, structure, out_refs)).lower(*inputs).compile()
-        if compiling is not None:
-            compiling[0] += time.perf_counter() - start
-        if key is not None:
-            if len(_programs) >= _MAX_PROGRAMS:
-                _programs.pop(next(iter(_programs)))
-            _programs[key] = program
-    return list(program(*inputs))
-
-
-def _run_key(recipes) -> Any:
-    """The key of a program for this run's structure (see :func:`_structure`),
-    or None where its parameters are unhashable."""
-    produced = [v for r in recipes for v in r.outvars if v is not None]
-    key = _structure(recipes, _AnyEnv(), produced[-1:])[0]
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-class _AnyEnv(dict):
-    """Stands in for the environment when only the structure is wanted."""
-
-    def __missing__(self, var):
-        return jax.ShapeDtypeStruct(var.aval.shape, var.aval.dtype)
-
-
-
-
-def _structure(recipes, env, outputs):
-    """A hashable description of the program, and its array inputs."""
-    inputs: list[Any] = []  # array arguments of the program
-    index: dict[Any, int] = {}  # Var or id(array) -> position in inputs
-    local = {v: i for i, v in enumerate(v for r in recipes for v in r.outvars) if v is not None}
-
-    def ref(a):
-        if _is_var(a):
-            if a in local:
-                return ("eqn", local[a])
-            key, value = a, env[a]
-        elif isinstance(a, (jax.Array, np.ndarray)):
-            key, value = id(a), a
-        else:  # Python and NumPy scalars are baked into the program
-            return ("lit", type(a).__name__, a)
-        if key not in index:
-            index[key] = len(inputs)
-            inputs.append(value)
-        return ("in", index[key])
-
-    structure = tuple(
-        (r.prim, params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
-    )
-    out_refs = tuple(ref(v) for v in outputs)
-    # weak types too: a compiled program takes any, and would give its own
-    avals = tuple((tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False)) for x in inputs)
-    return (structure, out_refs, avals), structure, out_refs, inputs
-
-
-def _interpreter(recipes, structure, out_refs):
-    """A function of the batch's array inputs that replays its equations."""
-    prims_params = [(r.prim, r.params, r.prim.multiple_results) for r in recipes]
-
-    def program(*inputs):
-        vals: list[Any] = []
-
-        def read(ref):
-            kind = ref[0]
-            if kind == "eqn":
-                return vals[ref[1]]
-            if kind == "in":
-                return inputs[ref[1]]
-            return ref[2]
-
-        for (prim, params, multiple), (_, _, arg_refs) in zip(prims_params, structure):
-            outs = prim.bind(*map(read, arg_refs), **params)
-            vals.extend(outs if multiple else [outs])
-        return [read(r) for r in out_refs]
-
-    return program
+    _compiled.clear_programs()
 
 
 def _defined(outvars, values):

@@ -458,7 +458,7 @@ class Folder:
             # Abstract constants: the batch is staged into the folding program.
             abstract = _batch.reads_abstract(batch, self._materialized)
             backend = "program" if abstract else self.options.backend
-            plan = _batch.plan_batch(batch, backend, jax.default_backend())
+            plan = _batch.plan_batch(batch, backend, jax.default_backend(), outputs)
             start = time.perf_counter()
             tick, timings = self.progress.advance, []
             if final:

@@ -56,8 +56,9 @@ class FoldReport:
       batches: how the known work was evaluated, one record per batch
         segment (``pejit._fold._batch.BatchInfo``: number, back end, equations,
         bytes, primitives, seconds and of them compiling). The back end is
-        ``"eager"`` (op by op), ``"compiled"`` (one ``jax.jit`` program) or
-        ``"program"`` (staged into the folding program of a value-independent
+        ``"eager"`` (op by op), ``"compiled"`` (one ``jax.jit`` program),
+        ``"loop"`` (an unrolled loop's steps, each feeding the next, as one
+        compiled loop) or ``"program"`` (staged into the folding program of a value-independent
         structure, which is then run: op by op for a first value, compiled
         for later ones).
         ``backends`` counts them. Known results of at most 64 bytes are

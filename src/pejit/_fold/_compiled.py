@@ -1,0 +1,295 @@
+"""The compiled back end of a batch: runs of equations as ``jax.jit`` programs.
+
+Part of the folding back end (see :func:`pejit._fold._batch.plan_batch`,
+which picks the runs). A run compiles to one program, cached by its
+structure (its primitives, parameters, how each equation reads the others,
+literals, and input types), so specializing the same function again, and
+the other steps of an unrolled loop, compile nothing.
+
+A Python loop unrolled by the trace (``for _ in range(K): c = jnp.sin(c) *
+1.001 + 0.5``) folds into K runs of one structure, each reading what the
+one before wrote. Called K times, each costs a dispatch and the batch's
+bookkeeping in Python, about as much as its arithmetic on a cache-sized
+array. Such a *chain* (:func:`chain`) runs as one ``lax.fori_loop`` over
+the run's equations instead (:func:`run_chain`): what a step reads of the
+step before is the loop's carry, what every step reads alike (constants,
+earlier values, literals) an input of the program. The trip count is an
+input too, so chains of any length share the program. A chain is rolled
+only where no value of its steps but the last is read outside the step
+after it: those values are never computed apart, and nothing else may ask
+for them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from .. import _compat
+from ._primitives import params_key
+
+#: Chains of fewer steps run step by step: rolling saves a few dispatches,
+#: and costs a compilation the steps' shared program may not need.
+MIN_STEPS = 4
+
+#: Compiled programs by structure, so specializing the same function again
+#: (new constant values of the same shapes) recompiles nothing.
+_programs: dict[Any, Any] = {}
+_MAX_PROGRAMS = 64
+
+
+def _is_var(a) -> bool:
+    return isinstance(a, _compat.Var)
+
+
+def run(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], compiling: list[float] | None = None) -> list:
+    """The values of ``outputs`` after ``recipes``, as one compiled program (cached
+    by structure); ``compiling[0]`` gets the seconds spent compiling it."""
+    key, structure, out_refs, inputs = _structure(recipes, env, outputs)
+    return list(_program(key, lambda: _interpreter(recipes, structure, out_refs), inputs, compiling))
+
+
+def _program(key, function, args: Sequence[Any], compiling: list[float] | None):
+    """``function`` compiled for ``args`` (cached by ``key``), called on them."""
+    try:
+        program = _programs.get(key)
+    except TypeError:  # unhashable parameters: compile without caching
+        key, program = None, None
+    if program is None:
+        start = time.perf_counter()
+        program = jax.jit(function()).lower(*args).compile()
+        if compiling is not None:
+            compiling[0] += time.perf_counter() - start
+        if key is not None:
+            if len(_programs) >= _MAX_PROGRAMS:
+                _programs.pop(next(iter(_programs)))
+            _programs[key] = program
+    return program(*args)
+
+
+def known(key) -> bool:
+    """Whether a program for a run of this structure (see :func:`run_key`) is compiled."""
+    return key in _programs
+
+
+def run_key(recipes) -> Any:
+    """The key of a program for this run's structure (see :func:`_structure`),
+    or None where its parameters are unhashable."""
+    produced = [v for r in recipes for v in r.outvars if v is not None]
+    key = _structure(recipes, _AnyEnv(), produced[-1:])[0]
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _AnyEnv(dict):
+    """Stands in for the environment when only the structure is wanted."""
+
+    def __missing__(self, var):
+        return jax.ShapeDtypeStruct(var.aval.shape, var.aval.dtype)
+
+
+def _structure(recipes, env, outputs):
+    """A hashable description of the program, and its array inputs."""
+    inputs: list[Any] = []  # array arguments of the program
+    index: dict[Any, int] = {}  # Var or id(array) -> position in inputs
+    local = {v: i for i, v in enumerate(v for r in recipes for v in r.outvars) if v is not None}
+
+    def ref(a):
+        if _is_var(a):
+            if a in local:
+                return ("eqn", local[a])
+            key, value = a, env[a]
+        elif isinstance(a, (jax.Array, np.ndarray)):
+            key, value = id(a), a
+        else:  # Python and NumPy scalars are baked into the program
+            return ("lit", type(a).__name__, a)
+        if key not in index:
+            index[key] = len(inputs)
+            inputs.append(value)
+        return ("in", index[key])
+
+    structure = tuple(
+        (r.prim, params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
+    )
+    out_refs = tuple(ref(v) for v in outputs)
+    # weak types too: a compiled program takes any, and would give its own
+    avals = tuple((tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False)) for x in inputs)
+    return (structure, out_refs, avals), structure, out_refs, inputs
+
+
+def _interpreter(recipes, structure, out_refs):
+    """A function of the batch's array inputs that replays its equations."""
+    prims_params = [(r.prim, r.params, r.prim.multiple_results) for r in recipes]
+
+    def program(*inputs):
+        vals: list[Any] = []
+
+        def read(ref):
+            kind = ref[0]
+            if kind == "eqn":
+                return vals[ref[1]]
+            if kind == "in":
+                return inputs[ref[1]]
+            return ref[2]
+
+        for (prim, params, multiple), (_, _, arg_refs) in zip(prims_params, structure):
+            outs = prim.bind(*map(read, arg_refs), **params)
+            vals.extend(outs if multiple else [outs])
+        return [read(r) for r in out_refs]
+
+    return program
+
+
+class Chain(NamedTuple):
+    """How each step of a chain reads the step before.
+
+    ``carry`` maps (equation, argument) of a step to the position, among a
+    step's outputs, of the value of the step before that it reads there.
+    """
+
+    steps: int
+    carry: tuple[tuple[tuple[int, int], int], ...]
+
+
+def _outputs(run: Sequence[Any]) -> list[Any]:
+    return [v for r in run for v in r.outvars]
+
+
+def _link(prev: Sequence[Any], run: Sequence[Any]) -> dict[tuple[int, int], int] | None:
+    """Where ``run`` reads ``prev``'s outputs, if everything else it reads is what ``prev`` reads."""
+    before = {v: q for q, v in enumerate(_outputs(prev)) if v is not None}
+    own = {v for v in _outputs(run) if v is not None}
+    carry = {}
+    for i, (p, r) in enumerate(zip(prev, run)):
+        for a, (x, y) in enumerate(zip(p.args, r.args)):
+            if _is_var(y) and y in before:
+                carry[(i, a)] = before[y]
+            elif not (y is x or (_is_var(y) and y in own) or _same_literal(x, y)):
+                return None
+    return carry
+
+
+def _same_literal(x, y) -> bool:
+    """Equal scalars of one type (the runs' shared structure already compares literals)."""
+    return not isinstance(x, (np.ndarray, jax.Array)) and not _is_var(x) and type(x) is type(y) and x == y
+
+
+def chain(runs: Sequence[Sequence[Any]], reads: Counter, needed: Collection[Any]) -> Chain | None:
+    """The longest chain the runs (of one structure) start with, if it is worth a loop.
+
+    ``reads`` counts each value's reads in the batch, ``needed`` holds the
+    values read after it.
+    """
+    if len(runs) < MIN_STEPS or len(runs[0]) * len(runs) < 2 * MIN_STEPS:
+        return None
+    carry = _link(runs[0], runs[1])
+    if not carry or not _starts(runs[0], carry):
+        return None
+    steps = 1
+    for prev, run in itertools.pairwise(runs):
+        if _link(prev, run) != carry or not _only_carried(prev, carry, reads, needed):
+            break
+        steps += 1
+    return Chain(steps, tuple(sorted(carry.items()))) if steps >= MIN_STEPS else None
+
+
+def _starts(first: Sequence[Any], carry: dict) -> bool:
+    """Whether the first step reads one value of the carry's type wherever later steps read one carried value."""
+    outs = _outputs(first)
+    init: dict[int, Any] = {}
+    for (i, a), q in carry.items():
+        x, out = first[i].args[a], outs[q]
+        if init.setdefault(q, x) is not x and not _same_literal(init[q], x):
+            return False
+        aval = x.aval if _is_var(x) else _compat.typeof(x)
+        if (aval.shape, aval.dtype) != (out.aval.shape, out.aval.dtype) or out.aval.weak_type:
+            return False  # a carry keeps its type (and starts strongly typed)
+    return True
+
+
+def _only_carried(run: Sequence[Any], carry: dict, reads: Counter, needed: Collection[Any]) -> bool:
+    """Whether the next step, through the carry, is the only reader of ``run``'s values outside it."""
+    outs = _outputs(run)
+    inside = Counter(a for r in run for a in r.args if _is_var(a))
+    carried = Counter(outs[q] for q in carry.values())
+    return all(v is None or (v not in needed and reads[v] == inside[v] + carried[v]) for v in outs)
+
+
+def run_chain(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], chain: Chain,
+              compiling: list[float] | None = None) -> list[Any]:
+    """The values of ``outputs`` (the last step's) after the chain of ``recipes``, by one loop."""
+    n = len(recipes) // chain.steps
+    first, last_outs = recipes[:n], _outputs(recipes[-n:])
+    first_outs = _outputs(first)
+    carry = dict(chain.carry)
+    # the loop carries each value a step reads of the one before, and the last step's outputs asked for
+    kept = sorted(set(carry.values()) | {last_outs.index(v) for v in outputs})
+    slot = {q: s for s, q in enumerate(kept)}
+    inputs: list[Any] = []
+    index: dict[Any, int] = {}
+
+    def value(x):
+        return env[x] if _is_var(x) else x
+
+    def external(x):
+        if not _is_var(x) and not isinstance(x, (np.ndarray, jax.Array)):
+            return ("lit", type(x).__name__, str(getattr(x, "dtype", "")), x)
+        key = x if _is_var(x) else id(x)
+        if key not in index:
+            index[key] = len(inputs)
+            inputs.append(value(x))
+        return ("in", index[key])
+
+    local = {v: q for q, v in enumerate(first_outs) if v is not None}
+    structure = tuple(
+        (r.prim, params_key(r.params), tuple(
+            ("carry", slot[carry[(i, a)]]) if (i, a) in carry
+            else ("eqn", local[x]) if _is_var(x) and x in local else external(x)
+            for a, x in enumerate(r.args)))
+        for i, r in enumerate(first))
+    # the first step reads the carry's first value where later steps read the step before;
+    # an output only asked of the last step starts as zeros
+    start = {q: value(first[i].args[a]) for (i, a), q in carry.items()}
+    init = [jax.numpy.asarray(start[q], first_outs[q].aval.dtype) if q in start
+            else np.zeros(first_outs[q].aval.shape, first_outs[q].aval.dtype) for q in kept]
+    key = ("loop", structure, tuple(kept), tuple(_type(x) for x in [*init, *inputs]))
+    final = _program(key, lambda: _loop(structure, kept), (np.int32(chain.steps), init, inputs), compiling)
+    return [final[slot[last_outs.index(v)]] for v in outputs]
+
+
+def _type(x) -> tuple:
+    return tuple(np.shape(x)), str(x.dtype), getattr(x, "weak_type", False)
+
+
+def _loop(structure, kept):
+    """The chain as a function of its trip count, its first carry and its inputs."""
+    def step(carry, inputs):
+        vals: list[Any] = []
+        sources = {"carry": carry, "eqn": vals, "in": inputs}
+
+        def read(ref):
+            return ref[-1] if ref[0] == "lit" else sources[ref[0]][ref[1]]
+
+        for prim, params, refs in structure:
+            outs = prim.bind(*map(read, refs), **dict(params))
+            vals.extend(outs if prim.multiple_results else [outs])
+        return [vals[q] for q in kept]
+
+    def program(steps, init, inputs):
+        return jax.lax.fori_loop(0, steps, lambda _, c: step(c, inputs), list(init))
+
+    return program
+
+
+def clear_programs() -> None:
+    """Forget the compiled programs (``pejit._fold._batch.clear_programs`` calls this)."""
+    _programs.clear()

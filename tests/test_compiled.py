@@ -1,0 +1,124 @@
+"""The compiled back end: unrolled loops of the fold rolled into one compiled loop."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pejit import FoldOptions, pejit
+from pejit._fold import _compiled
+
+from ._util import cpu_only
+from .test_batch import plan, scalar
+
+N = 2048  # float32 arrays of 16 MiB: compiled runs pay on a CPU (their intermediates outgrow the cache)
+
+
+def constant():
+    return jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (N, N)), jnp.float32)
+
+
+def oracle_chain(a, k, keep=()):
+    """The chain ``c = sin(c) * 1.001 + 0.5`` in float64 NumPy; also the steps in ``keep``."""
+    c, kept = np.asarray(a, np.float64), {}
+    for i in range(k):
+        c = np.sin(c) * 1.001 + 0.5
+        if i in keep:
+            kept[i] = c
+    return c, kept
+
+
+def close(got, want):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=2e-5)
+
+
+@cpu_only  # the cost model's CPU figures decide that the runs are compiled
+def test_an_unrolled_chain_runs_as_one_loop():
+    # twelve (sin, *, +) runs, each reading the one before: one compiled
+    # fori_loop over the run's equations, one program, and the chain's values
+    A = constant()
+    _compiled.clear_programs()
+
+    def f(x):
+        c = A
+        for _ in range(12):
+            c = jnp.sin(c) * 1.001 + 0.5
+        return c + x
+
+    batches, _ = plan(f, scalar())
+    assert [(b.backend, b.equations) for b in batches] == [("loop", 36)]
+    assert [key[0] for key in _compiled._programs] == ["loop"]
+    g = pejit(lambda a, x: f(x), constant_argnums=0)
+    close(g(A, 1.0), oracle_chain(A, 12)[0] + 1.0)
+
+
+@cpu_only
+def test_a_step_read_elsewhere_ends_a_loop():
+    # the value after step 5 is also read at the end: steps 0-5 are one loop
+    # (its last value is asked for), steps 6-11 another, and the value of
+    # step 5 is what it was
+    A = constant()
+
+    def f(x):
+        c = A
+        for i in range(12):
+            c = jnp.sin(c) * 1.001 + 0.5
+            if i == 5:
+                middle = c
+        return c + middle * x
+
+    batches, _ = plan(f, scalar())
+    assert [(b.backend, b.equations) for b in batches] == [("loop", 18), ("loop", 18)]
+    g = pejit(lambda a, x: f(x), constant_argnums=0)
+    last, kept = oracle_chain(A, 12, keep={5})
+    close(g(A, 2.0), last + kept[5] * 2.0)
+
+
+@cpu_only
+def test_a_loop_gives_the_last_steps_other_values():
+    # the last step's sine, which no step passes on, is asked for too: the
+    # loop carries it beside c
+    A = constant()
+
+    def f(x):
+        c = A
+        for _ in range(8):
+            t = jnp.sin(c)
+            c = t * 1.001 + 0.5
+        return c + t * x
+
+    batches, _ = plan(f, scalar())
+    assert [(b.backend, b.equations) for b in batches] == [("loop", 24)]
+    before, _ = oracle_chain(A, 7)
+    g = pejit(lambda a, x: f(x), constant_argnums=0)
+    close(g(A, 3.0), np.sin(before) * 1.001 + 0.5 + np.sin(before) * 3.0)
+
+
+@pytest.mark.parametrize("backend", ["auto", "compiled", "eager"])
+def test_a_loop_agrees_with_the_other_back_ends(backend):
+    A = constant()
+
+    def f(a, x):
+        c = a
+        for _ in range(10):
+            c = jnp.sin(c) * 1.001 + 0.5
+        return c[:3, :3] * x
+
+    g = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend=backend))
+    close(g(A, 2.0), oracle_chain(A, 10)[0][:3, :3] * 2.0)
+    np.testing.assert_allclose(g(A, 2.0), jax.jit(f)(A, 2.0), rtol=1e-5, atol=1e-5)
+
+
+def test_short_chains_and_non_chains_are_not_rolled():
+    # runs that do not feed each other, and chains under MIN_STEPS steps
+    A = constant()
+
+    def f(x):
+        outs = [jnp.sin(A * (1.0 + i)) * 1.001 + 0.5 for i in range(6)]
+        c = A
+        for _ in range(_compiled.MIN_STEPS - 1):
+            c = jnp.sin(c) * 1.001 + 0.5
+        return sum(outs) + c + x
+
+    batches, _ = plan(f, scalar())
+    assert "loop" not in {b.backend for b in batches}
