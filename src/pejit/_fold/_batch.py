@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import time
 from collections import Counter
@@ -194,18 +195,21 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
 
 def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]:
     """``segments`` with each chain of compiled runs (see :func:`pejit._fold._compiled.chain`) one loop."""
-    rolled, i = [], 0
-    while i < len(segments):
-        seg, j = segments[i], i + 1
-        while seg.key is not None and j < len(segments) and segments[j].key == seg.key:
-            j += 1
-        chain = _compiled.chain([s.recipes for s in segments[i:j]], reads, needed) if j - i > 1 else None
-        if chain is None:
-            rolled.append(seg)
-            i += 1
-        else:
-            rolled.append(Segment("loop", sum((s.recipes for s in segments[i:i + chain.steps]), ()), seg.key, chain))
-            i += chain.steps
+    rolled: list[Segment] = []
+    alike = itertools.groupby(segments, lambda s: (0, id(s)) if s.key is None else (1, s.key))
+    for _, same in alike:
+        group = list(same)
+        runs = [s.recipes for s in group]
+        start = 0
+        while start < len(runs):
+            chain = _compiled.chain(runs, start, reads, needed) if len(runs) > 1 else None
+            if chain is None:
+                rolled.append(group[start])
+                start += 1
+            else:
+                steps = runs[start:start + chain.steps]
+                rolled.append(Segment("loop", tuple(r for run in steps for r in run), None, chain))
+                start += chain.steps
     return rolled
 
 

@@ -22,7 +22,6 @@ for them.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -183,22 +182,22 @@ def _same_literal(x, y) -> bool:
     return not isinstance(x, (np.ndarray, jax.Array)) and not _is_var(x) and type(x) is type(y) and x == y
 
 
-def chain(runs: Sequence[Sequence[Any]], reads: Counter, needed: Collection[Any]) -> Chain | None:
-    """The longest chain the runs (of one structure) start with, if it is worth a loop.
+def chain(runs: Sequence[Sequence[Any]], start: int, reads: Counter, needed: Collection[Any]) -> Chain | None:
+    """The longest chain of ``runs`` (of one structure) from ``runs[start]``, if it is worth a loop.
 
     ``reads`` counts each value's reads in the batch, ``needed`` holds the
     values read after it.
     """
-    if len(runs) < MIN_STEPS or len(runs[0]) * len(runs) < 2 * MIN_STEPS:
+    if len(runs) - start < MIN_STEPS or len(runs[start]) * (len(runs) - start) < 2 * MIN_STEPS:
         return None
-    carry = _link(runs[0], runs[1])
-    if not carry or not _starts(runs[0], carry):
+    carry = _link(runs[start], runs[start + 1])
+    if not carry or not _starts(runs[start], carry):
         return None
-    steps = 1
-    for prev, run in itertools.pairwise(runs):
-        if _link(prev, run) != carry or not _only_carried(prev, carry, reads, needed):
-            break
-        steps += 1
+    end = start + 1  # the chain's last step
+    while end < len(runs) and _link(runs[end - 1], runs[end]) == carry and _only_carried(
+            runs[end - 1], carry, reads, needed):
+        end += 1
+    steps = end - start
     return Chain(steps, tuple(sorted(carry.items()))) if steps >= MIN_STEPS else None
 
 
