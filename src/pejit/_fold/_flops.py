@@ -12,6 +12,7 @@ estimate is a lower bound, good for comparing before and after.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -70,7 +71,15 @@ def jaxpr_flops(jaxpr) -> float:
       48.0
     """
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    return sum(eqn_flops(e) for e in jaxpr.eqns)
+    flops = _jaxpr_flops.get(jaxpr)
+    if flops is None:
+        flops = _jaxpr_flops[jaxpr] = sum(eqn_flops(e) for e in jaxpr.eqns)
+    return flops
+
+
+#: FLOPs by jaxpr (immutable; held weakly): each call of a ``jnp`` function on
+#: the same types binds the same body, which the folder counts each time.
+_jaxpr_flops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _size(v) -> int:
