@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
@@ -18,8 +19,42 @@ def requires_jax(version: tuple[int, int], why: str):
 
 
 #: For tests of the CPU back end (host rules, the worker thread, NumPy views of
-#: jax.Arrays, the cost model's CPU figures).
-cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="tests the CPU back end")
+#: jax.Arrays, the cost model's CPU figures). pejit turns that back end on only
+#: where JAX computes on one CPU device (``pejit._fold._host.on_one_cpu``): not
+#: on an accelerator, nor on several CPU devices
+#: (``--xla_force_host_platform_device_count``).
+cpu_only = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or jax.device_count() != 1, reason="tests the CPU back end"
+)
+
+
+def cpu_devices(why: str):
+    """Skip a test unless JAX computes on CPU devices (one or several), saying
+    what it needs of them: pejit reads the bytes of values in host memory only
+    (``pejit._fold._values.on_host``: equal and uniform constants found by
+    their contents), and the cost model has figures for XLA:CPU."""
+    return pytest.mark.skipif(jax.default_backend() != "cpu", reason=f"needs CPU devices: {why}")
+
+
+def f32_products():
+    """A context in which JAX multiplies float32 matrices in float32.
+
+    For tests that compare values with a float64 NumPy oracle, or with
+    ``jax.jit`` of the same products associated otherwise, within float32's
+    tolerances. XLA:CPU multiplies float32 in float32 at any precision; on
+    GPUs JAX's default precision multiplies them in TF32 (10 bits of
+    mantissa, errors near 1e-3), ``"highest"`` in float32.
+    """
+    return jax.default_matmul_precision("highest")
+
+
+def with_f32_products(test):
+    """Run ``test`` in :func:`f32_products` (its fixtures and parameters as they are)."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        with f32_products():
+            return test(*args, **kwargs)
+    return run
 
 
 def all_eqns(jaxpr):
