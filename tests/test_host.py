@@ -9,7 +9,11 @@ from jax import lax
 from pejit import _compat
 from pejit._fold import _batch, _host
 
-from ._util import Compiles, x64
+from ._util import Compiles, cpu_only, x64
+
+#: Every test here evaluates the host rules, which apply only where pejit's CPU
+#: back end is on.
+pytestmark = cpu_only
 
 rng = np.random.default_rng(0)
 F = rng.standard_normal((3, 4)).astype(np.float32)

@@ -12,7 +12,11 @@ from pejit import _compat, pejit
 from pejit._fold import _offload
 from pejit._residual import _linear
 
-from ._util import Compiles, x64
+from ._util import Compiles, cpu_only, x64
+
+#: Every test here builds matrices by the host rules, which apply only where
+#: pejit's CPU back end is on.
+pytestmark = cpu_only
 
 rng = np.random.default_rng(3)
 A = rng.standard_normal((6, 5)).astype(np.float32)

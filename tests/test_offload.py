@@ -17,7 +17,7 @@ from pejit._fold import _abstract, _batch, _offload
 from pejit._fold._batch import Recipe
 from pejit._calls._program import FoldingProgram
 
-from ._util import Compiles
+from ._util import Compiles, cpu_devices, cpu_only
 
 # A kernel as TFC's basis is one: a Python ``impl`` (which counts its calls)
 # and a lowering of its own, here to XLA's ``exp``: the worker runs the
@@ -48,6 +48,7 @@ def expected(*args):
     return sum(jax.jit(jnp.exp)(c) for c in constants) + x
 
 
+@cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 @pytest.mark.parametrize("form", ["pe", "pejit"])
 def test_kernels_on_constants_run_compiled_beside_the_fold_with_the_eager_values(form):
@@ -60,6 +61,7 @@ def test_kernels_on_constants_run_compiled_beside_the_fold_with_the_eager_values
     np.testing.assert_array_equal(out, expected(A, B, x))
 
 
+@cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 def test_beyond_the_budget_kernels_wait_to_be_handed_out(monkeypatch):
     monkeypatch.setattr(_offload, "AHEAD_BYTES", 1)  # one result waits at a time, per kind
@@ -102,6 +104,7 @@ def test_small_kernels_and_kernels_without_a_lowering_are_left_to_the_batch():
     assert kernels.take(recipe, [big]) is None
 
 
+@cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 def test_kernels_handed_out_by_the_trace_are_taken_once_or_let_go():
     (A,) = constants(1)
@@ -117,6 +120,7 @@ def test_kernels_handed_out_by_the_trace_are_taken_once_or_let_go():
     assert dropped not in kernels
 
 
+@cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 def test_a_batch_takes_back_the_trace_s_unstarted_kernels_to_hand_them_out_in_its_order():
     A, B = constants()
@@ -168,6 +172,7 @@ def _drain_before(monkeypatch, module, name):
     monkeypatch.setattr(module, name, drained)
 
 
+@cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 @pytest.mark.parametrize("form", ["pejit", "pe"])
 def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form):
@@ -221,6 +226,7 @@ def test_the_residual_compiles_beside_the_first_value_and_serves_its_call(monkey
     assert residual == ["pejit-kernels_0"]  # once, while the first value was folded
 
 
+@cpu_devices("equal constants are found by their bytes in host memory")
 def test_a_first_value_with_equal_constants_gets_a_residual_of_its_own():
     f = lambda A, B, x: jnp.sin(A) @ x + jnp.sin(B) @ x  # noqa: E731
     A = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
@@ -231,6 +237,7 @@ def test_a_first_value_with_equal_constants_gets_a_residual_of_its_own():
     np.testing.assert_allclose(g(A, -A, x), f(A, -A, x), rtol=1e-6)
 
 
+@cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch):
     a = np.ones((3, 7), np.float32)
