@@ -11,7 +11,14 @@ from jax import lax
 
 from pejit import FoldOptions, pe, pejit, specialize_jaxpr
 
-from ._util import x64
+from ._util import cpu_only, f32_products, x64
+
+
+@pytest.fixture(autouse=True)
+def _f32_products():
+    """The values are checked against float64 NumPy within float32's tolerances."""
+    with f32_products():
+        yield
 
 rng = np.random.default_rng(0)
 C1, C2, C3 = (rng.standard_normal((32, 32)).astype(np.float32) / 6 for _ in range(3))
@@ -265,7 +272,13 @@ def test_expansion_along_batch_and_contracting_dimensions():
 
     x, y = rng.standard_normal((2, 64, 3)).astype(np.float32)
     g = pejit(f, constant_argnums=0)
-    assert [c.shape for c in g.specialize(A3, x, y).residual.consts] == [(3, 3)]
+    # each product reads c, not its expansion; on CPU devices the two folded
+    # copies of c are also found equal (by their bytes) and passed once
+    shapes = [c.shape for c in g.specialize(A3, x, y).residual.consts]
+    if jax.default_backend() == "cpu":
+        assert shapes == [(3, 3)]
+    else:
+        assert shapes and set(shapes) == {(3, 3)}
     got = g(A3, x, y)
     a = np.float64(A3)
     np.testing.assert_allclose(got[0], a @ np.float64(x).sum(0), rtol=1e-5, atol=1e-5)
@@ -280,6 +293,7 @@ def test_a_large_expansion_is_not_stored():
     np.testing.assert_allclose(f(a, x)[17], np.linalg.inv(np.float64(a)) @ x, rtol=1e-4, atol=1e-5)
 
 
+@cpu_only  # the host rules build the matrix
 def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
     """A region over ``BUILD_FLOPS`` still collapses where the host builds its matrix
     (concrete constants, rules for every equation), not where ``jvp`` would."""
@@ -298,6 +312,7 @@ def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+@cpu_only  # the host rules build the matrix
 def test_both_forms_collapse_what_the_host_builds_for_every_value(monkeypatch):
     """The call-time form collapses a region over ``BUILD_FLOPS`` as the TFC
     form does, on its first value and on later ones: the host builds each

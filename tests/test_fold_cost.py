@@ -18,6 +18,8 @@ from pejit import pejit
 from pejit import _compat
 from pejit._fold._staging import trace_staging
 
+from ._util import cpu_devices, with_f32_products
+
 
 def many_constants(a, x, k):
     """``k`` folded constants, each read by the residual (``x`` is dynamic)."""
@@ -56,6 +58,7 @@ class Counting:
 
 
 @pytest.mark.parametrize("form", ["call-time", "tfc"])
+@with_f32_products  # the values against jax.jit's: on GPUs, TF32 products round apart
 def test_no_per_value_overhead(monkeypatch, form):
     """Neither blocking nor tracer attribute lookups grow with the folded values.
 
@@ -131,6 +134,7 @@ def test_intermediates_die_after_their_last_use(form):
     assert len(log) == 12 and max(log) <= 2, log
 
 
+@cpu_devices("uniform and equal values are found by their bytes in host memory")
 def test_kept_values_are_compact():
     """Values kept between batches: uniform ones cost no memory, equal ones are kept once."""
     from pejit import FoldOptions
@@ -202,6 +206,7 @@ def test_progress_bar(monkeypatch):
     assert len(bars) == 1 and bars[0].n == bars[0].total > 0
 
 
+@with_f32_products  # the values against float64 NumPy
 def test_the_same_known_work_is_folded_once():
     """Known work met twice on the same inputs (TFC's derivatives evaluate each
     basis derivative several times) is evaluated once, as XLA's CSE would."""
@@ -276,6 +281,7 @@ def test_a_batch_logs_what_it_wrote_and_what_it_kept(caplog):
     assert kept == pytest.approx(one, abs=0.05) and written >= 10 * one
 
 
+@with_f32_products  # the values against jax.jit's: on GPUs, TF32 products round apart
 def test_jacfwd_does_not_evaluate_its_jacobian_mid_trace():
     """``jax.jacfwd`` converts its Jacobian to the input's type, asking JAX's
     ``is_concrete`` first: answering by evaluating it ran a batch mid-trace

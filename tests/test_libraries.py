@@ -24,7 +24,7 @@ import pytest
 
 from pejit import pejit
 
-from ._util import primitive_names
+from ._util import primitive_names, with_f32_products
 
 ROOT = Path(__file__).resolve().parents[1]
 rng = np.random.default_rng(0)
@@ -180,6 +180,7 @@ def test_flax_nnx_split_state_as_constant():
         close(got, want)
 
 
+@with_f32_products  # the values against float64 NumPy
 def test_flax_nnx_linear_matches_numpy_and_folds_a_parametrization():
     nnx = pytest.importorskip("flax.nnx")
 
@@ -347,6 +348,7 @@ def test_diffrax_matrix_computed_before_the_solve_folds():
         assert "lu" not in primitive_names(residual)
 
 
+@with_f32_products  # the values against jax.jit's: on GPUs, TF32 products round apart
 def test_diffrax_factorization_in_the_vector_field_folds():
     # diffrax's loop is a custom_vjp call that also takes y0: the LU of m inside it is folded.
     diffrax = pytest.importorskip("diffrax")

@@ -16,7 +16,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 import pejit
 from pejit import FoldOptions
-from ._util import requires_jax
+from ._util import cpu_devices, f32_products, requires_jax
 
 #: Primitives of LAPACK-backed linear algebra (what ``inv``/``solve`` lower to).
 LAPACK = {"lu", "lu_pivots_to_permutation", "triangular_solve", "cholesky", "custom_linear_solve", "getrf"}
@@ -46,8 +46,9 @@ def residual(fun, *args, constant_argnums=0, **options):
 
 
 def assert_matches_jit(fun, *args, **options):
-    jaxpr, report, got = residual(fun, *args, **options)
-    want = jax.jit(fun)(*args)
+    with f32_products():  # else, on GPUs, TF32 products: jax.jit's and pejit's round apart
+        jaxpr, report, got = residual(fun, *args, **options)
+        want = jax.jit(fun)(*args)
     jax.tree.map(lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6), got, want)
     return jaxpr, report
 
@@ -262,7 +263,7 @@ def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_fo
     inlines it: two calls on the same known input fold its known
     work once, where a known part per call computed it twice (TFC's
     full-size PDE: 2029 equal folds found instead of 885, 2 s of its 11)."""
-    from pejit._fold import _abstract, _batch, _offload
+    from pejit._fold import _abstract, _batch, _host, _offload
 
     scaled = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) * x, inline=True)
     shifted = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) - x, inline=True)  # another body, the same known work
@@ -282,7 +283,9 @@ def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_fo
     c, x = jnp.linspace(0.1, 1.0, 300), jnp.arange(300.0)  # not tiny: tiny folds are evaluated on the spot
     g = pejit.pejit(c, x, constant_arg_nums=[0], fold_options=FoldOptions(backend="eager"))(f)
     np.testing.assert_allclose(g(x), jax.jit(f)(c, x), rtol=1e-6)
-    assert evaluated == ["sin"]  # once, and not inside a known part
+    # once, and not inside a known part; with pejit's CPU back end, NumPy
+    # computes the product and the sum (host rules), JAX only the sine
+    assert evaluated == (["sin"] if _host.on_one_cpu() else ["sin", "mul", "add"])
     assert sorted(prims(g.specialize(x).residual.jaxpr)) == ["add", "mul", "sub"]
 
 
@@ -472,6 +475,7 @@ def test_python_control_flow_on_constants_inside_loop_bodies():
 # -- constants passed once ---------------------------------------------------
 
 
+@cpu_devices("equal constants are found by their bytes in host memory")
 def test_equal_constants_are_passed_once_and_uniform_ones_recomputed():
     def f(c, x):
         K1, K2 = jnp.cos(c), jnp.cos(c + 0.0)  # two folds, one value
@@ -507,4 +511,6 @@ def test_sharing_follows_the_values_of_each_specialization():
     for a, b in ((r, r), (r, r + 1.0), (jnp.ones((8, 8)), r), (r + 2.0, r + 2.0)):
         np.testing.assert_allclose(g(a, b, x), f(a, b, x), rtol=1e-5)
     assert len(g.report(r, r + 1.0, x).buffers) == 3  # exp(a), exp(b) and a
-    assert len(g.report(r + 2.0, r + 2.0, x).buffers) == 2  # exp(a) == exp(b)
+    # exp(a) == exp(b): passed once where pejit reads their bytes, in host
+    # memory (CPU devices); values on an accelerator are not copied to compare them
+    assert len(g.report(r + 2.0, r + 2.0, x).buffers) == (2 if jax.default_backend() == "cpu" else 3)
