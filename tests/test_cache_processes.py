@@ -14,11 +14,12 @@ def run_child(code: str, *, env: dict | None = None, timeout: int = 300) -> dict
     """Run ``code`` in a fresh Python; it prints one JSON object last.
 
     The child keeps this process's ``XLA_FLAGS`` (conftest.py's YNN
-    workaround, where the jaxlib has it) after those of ``env``.
+    workaround, where the jaxlib has it) before those of ``env``, which win
+    where both set a flag (a device count of this process's own, say).
     """
     env = dict(env or {})
     full_env = dict(os.environ, **env)
-    full_env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {os.environ.get('XLA_FLAGS', '')}".strip()
+    full_env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {env.get('XLA_FLAGS', '')}".strip()
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True, text=True, env=full_env, timeout=timeout,
@@ -60,6 +61,9 @@ def test_rss_stays_flat_when_constants_keep_changing():
     hits, misses, maxsize, currsize = result["info"]
     assert misses == 2100 and currsize <= 1
 
+
+#: The child computes on 8 CPU devices, whatever this process computes on.
+EIGHT_CPUS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 
 _MESH_SETUP = """
     import json
@@ -108,7 +112,7 @@ def test_sharded_constant_stays_sharded_through_folding():
             "template": spec.program.folding_program is not None,
         }
     print(json.dumps(out))
-    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    """, env=EIGHT_CPUS)
     assert result["compiled_fold"]["template"] and not result["eager_fold"]["template"]
     for r in result.values():
         assert r["fraction"] == pytest.approx(1 / 8)
@@ -133,7 +137,7 @@ def test_shardings_refer_to_the_users_signature():
         "placed_error": float(np.abs(np.asarray(z) - reference).max()),
         "placed_fractions": [per_device_fraction(c) for c in placed.specialize(x, a).consts],
     }))
-    """, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    """, env=EIGHT_CPUS)
     assert result["error"] < 1e-4 and result["placed_error"] < 1e-4
     assert result["out_fraction"] == pytest.approx(1 / 8)
     assert result["placed_fractions"] and all(f == 1 for f in result["placed_fractions"])
