@@ -75,17 +75,35 @@ def uniform_value(c):
         return c[(0,) * c.ndim]
     if isinstance(c, jax.Array) and not c.is_fully_addressable:
         return None  # sharded over processes (jax.distributed): not worth a collective here
-    if not on_host(c):  # compared where it lives; only the verdict is copied
+    if not on_host(c):  # compared where it lives; only the verdict and the element are copied
         with _compat.at_top_level():
-            bits = jax.lax.bitcast_convert_type(c, _UINT[c.dtype.itemsize]).reshape(-1)
-            if not bool(jax.numpy.all(bits == bits[0])):
-                return None
-            return np.asarray(c.reshape(-1)[0])[()]
+            same, one = _uniform_on_device(c)
+        return np.asarray(one)[()] if bool(same) else None
     a = np.ascontiguousarray(c)
     bits = a.reshape(-1).view(_UINT[a.dtype.itemsize])
     if bits[-1] != bits[0] or not np.all(bits == bits[0]):
         return None
     return a.reshape(-1)[0]
+
+
+@jax.jit
+def _uniform_on_device(c):
+    """Whether every element of ``c`` has the bits of its first, and that element.
+
+    One program per type (not an eager dispatch, and a compile, per
+    operation). Floats are compared as bits (``-0.0`` apart, NaNs equal to
+    themselves), complex numbers part by part; integers and booleans by
+    value, which is their bits (4-bit integers and booleans have no unsigned
+    type of their size to be cast to).
+    """
+    flat = c.reshape(-1)
+    parts = (flat.real, flat.imag) if jax.numpy.iscomplexobj(flat) else (flat,)
+    same = jax.numpy.bool_(True)
+    for part in parts:
+        if jax.numpy.issubdtype(part.dtype, jax.numpy.floating):
+            part = jax.lax.bitcast_convert_type(part, _UINT[part.dtype.itemsize])
+        same = same & jax.numpy.all(part == part[0])
+    return same, flat[0]
 
 
 #: Concrete fold inputs up to this many bytes are told apart by their bytes
