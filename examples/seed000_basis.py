@@ -40,8 +40,9 @@ def main():
     print(jax.make_jaxpr(f_pe)(xi))
 
     f_pejit = pejit(x, xi, constant_arg_nums=[0])(f)
-    hlo = f_pejit.lower(xi).compile().as_text()
-    assert "multiply" not in hlo, "the basis should not be computed by the compiled program"
+    # the program pejit hands XLA (XLA:GPU may compile a small dot with multiplies of its own)
+    stablehlo = f_pejit.lower(xi).as_text()
+    assert "multiply" not in stablehlo, "the basis should not be computed by the compiled program"
     print("\nf_pejit(xi) =", f_pejit(xi))
     np.testing.assert_allclose(f_pejit(xi), [1.0, 0.0, 3.0])
 
