@@ -447,7 +447,9 @@ def test_a_short_affine_region_is_collapsed_without_a_compile_per_primitive():
         got = f(w[1], X, y)  # promoted here
     assert f.decisions()[1][0] == "promoted"
     assert f.report(w[1], X, y).fold.collapsed, "the affine region was not collapsed"
-    assert compiles.count <= 6  # fold, Jacobian, residual (plus scalar conversions)
+    # fold, Jacobian, residual (plus scalar conversions); where values are not
+    # in host memory (a GPU's), finding uniform constants runs a program too
+    assert compiles.count <= (6 if jax.default_backend() == "cpu" else 8), compiles.where
     oracle = np.asarray(X, np.float64)
     L = np.linalg.cholesky(oracle.T @ oracle + 0.1 * np.eye(24))
     for v in w[1:]:
