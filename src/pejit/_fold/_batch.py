@@ -16,7 +16,9 @@ Each batch runs on one of two back ends:
   traffic; nothing to compile for the batch as a whole.
 * **compiled**: the batch becomes one ``jax.jit`` program. XLA fuses the
   elementwise work, so intermediates are never written to memory, but the
-  program must be compiled: a fixed cost plus a cost per equation.
+  program must be compiled: a fixed cost plus a cost per equation. The
+  steps of an unrolled loop, each feeding the next, become one compiled
+  loop (:mod:`pejit._fold._compiled`).
 
 :func:`plan_batch` splits a batch into segments and picks a back end for
 each with a cost model: fusing saves, per equation, one dispatch and the
@@ -298,7 +300,7 @@ def run_batch(
             start, compiling = time.perf_counter(), [0.0]
             whole = {"compiled": functools.partial(_compiled.run, compiling=compiling), "program": _stage,
                      "loop": functools.partial(_compiled.run_chain, chain=seg.chain, compiling=compiling)}.get(seg.backend)
-            if whole is not None:  # the segment at once: compiled, or staged as one equation
+            if whole is not None:  # the segment at once: compiled (a loop too), or staged as one equation
                 for r in seg.recipes:
                     refolds.restore(r, env)
                 produced = [v for r in seg.recipes for v in r.outvars if v is not None]
