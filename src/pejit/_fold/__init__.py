@@ -7,9 +7,10 @@ primitive up in the fold rules (``_fold_rules``), stages dynamic work and
 records known work as recipes, keeps cheap expansions lazy, reads its
 switches from ``_options`` and counts into ``_stats`` (FLOPs by
 ``_flops``). ``_batch`` evaluates the recipes a value needs, in batches,
-eager or compiled by a cost model (programs, and unrolled loops rolled
-again, by ``_compiled``): on the host where NumPy gives XLA's bits (``_host``), opaque kernels on a worker thread (``_offload``), far
-reads of constant-only values computed again (``_refold``), results kept
+eager or compiled by a cost model: programs, and unrolled loops rolled
+again, by ``_compiled``; on the host where NumPy gives XLA's bits
+(``_host``); opaque kernels on a worker thread (``_offload``); far reads
+of constant-only values computed again (``_refold``); results kept
 compact (``_values``). Beside them: ``_abstract`` (known values that are
 tracers, for value-independent folding programs), ``_primitives`` (the
 tables of primitives by kind), ``_progress``, ``_gc`` and ``_multihost``.

@@ -204,7 +204,7 @@ def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]
         runs = [s.recipes for s in group]
         start = 0
         while start < len(runs):
-            chain = _compiled.chain(runs, start, reads, needed) if len(runs) > 1 else None
+            chain = _compiled.chain(runs, start, reads, needed)
             if chain is None:
                 rolled.append(group[start])
                 start += 1

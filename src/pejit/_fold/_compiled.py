@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -51,7 +51,7 @@ def run(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], compiling: li
     """The values of ``outputs`` after ``recipes``, as one compiled program (cached
     by structure); ``compiling[0]`` gets the seconds spent compiling it."""
     key, structure, out_refs, inputs = _structure(recipes, env, outputs)
-    return list(_program(key, lambda: _interpreter(recipes, structure, out_refs), inputs, compiling))
+    return list(_program(key, lambda: _interpreter(structure, out_refs), inputs, compiling))
 
 
 def _program(key, function, args: Sequence[Any], compiling: list[float] | None):
@@ -96,11 +96,16 @@ class _AnyEnv(dict):
         return jax.ShapeDtypeStruct(var.aval.shape, var.aval.dtype)
 
 
-def _structure(recipes, env, outputs):
-    """A hashable description of the program, and its array inputs."""
+def _structure(recipes, env, outputs, fixed: dict | None = None):
+    """A hashable description of the program, and its array inputs.
+
+    ``fixed`` gives the reference of some arguments, by (equation, argument),
+    in place of their own (a loop's carry: see :func:`run_chain`).
+    """
     inputs: list[Any] = []  # array arguments of the program
     index: dict[Any, int] = {}  # Var or id(array) -> position in inputs
     local = {v: i for i, v in enumerate(v for r in recipes for v in r.outvars) if v is not None}
+    fixed = fixed or {}
 
     def ref(a):
         if _is_var(a):
@@ -110,39 +115,45 @@ def _structure(recipes, env, outputs):
         elif isinstance(a, (jax.Array, np.ndarray)):
             key, value = id(a), a
         else:  # Python and NumPy scalars are baked into the program
-            return ("lit", type(a).__name__, a)
+            return ("lit", type(a).__name__, getattr(a, "dtype", None), a)
         if key not in index:
             index[key] = len(inputs)
             inputs.append(value)
         return ("in", index[key])
 
     structure = tuple(
-        (r.prim, params_key(r.params), tuple(ref(a) for a in r.args)) for r in recipes
+        (r.prim, params_key(r.params), tuple(
+            (fixed.get((i, a)) or ref(x) for a, x in enumerate(r.args)) if fixed else map(ref, r.args)))
+        for i, r in enumerate(recipes)
     )
     out_refs = tuple(ref(v) for v in outputs)
     # weak types too: a compiled program takes any, and would give its own
-    avals = tuple((tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False)) for x in inputs)
-    return (structure, out_refs, avals), structure, out_refs, inputs
+    return (structure, out_refs, tuple(map(_type, inputs))), structure, out_refs, inputs
 
 
-def _interpreter(recipes, structure, out_refs):
+def _type(x) -> tuple:
+    return tuple(x.shape), str(x.dtype), getattr(x, "weak_type", False)
+
+
+def _replay(structure, sources: dict) -> Callable[[tuple], Any]:
+    """Bind the equations of ``structure``, reading ``("in", i)`` (and a loop's
+    ``("carry", i)``) from ``sources``; returns how to read a reference after them."""
+    values: list[Any] = []
+    sources = {**sources, "eqn": values}
+
+    def read(ref):
+        return ref[-1] if ref[0] == "lit" else sources[ref[0]][ref[1]]
+
+    for prim, params, refs in structure:
+        outs = prim.bind(*map(read, refs), **dict(params))
+        values.extend(outs if prim.multiple_results else [outs])
+    return read
+
+
+def _interpreter(structure, out_refs):
     """A function of the batch's array inputs that replays its equations."""
-    prims_params = [(r.prim, r.params, r.prim.multiple_results) for r in recipes]
-
     def program(*inputs):
-        vals: list[Any] = []
-
-        def read(ref):
-            kind = ref[0]
-            if kind == "eqn":
-                return vals[ref[1]]
-            if kind == "in":
-                return inputs[ref[1]]
-            return ref[2]
-
-        for (prim, params, multiple), (_, _, arg_refs) in zip(prims_params, structure):
-            outs = prim.bind(*map(read, arg_refs), **params)
-            vals.extend(outs if multiple else [outs])
+        read = _replay(structure, {"in": inputs})
         return [read(r) for r in out_refs]
 
     return program
@@ -233,55 +244,22 @@ def run_chain(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], chain: 
     # the loop carries each value a step reads of the one before, and the last step's outputs asked for
     kept = sorted(set(carry.values()) | {last_outs.index(v) for v in outputs})
     slot = {q: s for s, q in enumerate(kept)}
-    inputs: list[Any] = []
-    index: dict[Any, int] = {}
-
-    def value(x):
-        return env[x] if _is_var(x) else x
-
-    def external(x):
-        if not _is_var(x) and not isinstance(x, (np.ndarray, jax.Array)):
-            return ("lit", type(x).__name__, str(getattr(x, "dtype", "")), x)
-        key = x if _is_var(x) else id(x)
-        if key not in index:
-            index[key] = len(inputs)
-            inputs.append(value(x))
-        return ("in", index[key])
-
-    local = {v: q for q, v in enumerate(first_outs) if v is not None}
-    structure = tuple(
-        (r.prim, params_key(r.params), tuple(
-            ("carry", slot[carry[(i, a)]]) if (i, a) in carry
-            else ("eqn", local[x]) if _is_var(x) and x in local else external(x)
-            for a, x in enumerate(r.args)))
-        for i, r in enumerate(first))
+    structure_key, structure, _, inputs = _structure(first, env, (), {at: ("carry", slot[q]) for at, q in carry.items()})
     # the first step reads the carry's first value where later steps read the step before;
     # an output only asked of the last step starts as zeros
-    start = {q: value(first[i].args[a]) for (i, a), q in carry.items()}
-    init = [jax.numpy.asarray(start[q], first_outs[q].aval.dtype) if q in start
-            else np.zeros(first_outs[q].aval.shape, first_outs[q].aval.dtype) for q in kept]
-    key = ("loop", structure, tuple(kept), tuple(_type(x) for x in [*init, *inputs]))
+    start = {q: first[i].args[a] for (i, a), q in carry.items()}
+    init = [jax.numpy.asarray(env[start[q]] if _is_var(start[q]) else start[q], first_outs[q].aval.dtype)
+            if q in start else np.zeros(first_outs[q].aval.shape, first_outs[q].aval.dtype) for q in kept]
+    key = ("loop", structure_key, tuple(kept), tuple(map(_type, init)))
     final = _program(key, lambda: _loop(structure, kept), (np.int32(chain.steps), init, inputs), compiling)
     return [final[slot[last_outs.index(v)]] for v in outputs]
-
-
-def _type(x) -> tuple:
-    return tuple(np.shape(x)), str(x.dtype), getattr(x, "weak_type", False)
 
 
 def _loop(structure, kept):
     """The chain as a function of its trip count, its first carry and its inputs."""
     def step(carry, inputs):
-        vals: list[Any] = []
-        sources = {"carry": carry, "eqn": vals, "in": inputs}
-
-        def read(ref):
-            return ref[-1] if ref[0] == "lit" else sources[ref[0]][ref[1]]
-
-        for prim, params, refs in structure:
-            outs = prim.bind(*map(read, refs), **dict(params))
-            vals.extend(outs if prim.multiple_results else [outs])
-        return [vals[q] for q in kept]
+        read = _replay(structure, {"carry": carry, "in": inputs})
+        return [read(("eqn", q)) for q in kept]
 
     def program(steps, init, inputs):
         return jax.lax.fori_loop(0, steps, lambda _, c: step(c, inputs), list(init))
