@@ -3,7 +3,9 @@ and computed again (pejit._fold._refold), whichever back end reads them."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -91,3 +93,45 @@ def test_the_worker_computes_a_dropped_value_ahead_of_its_read(computed):
     _batch.run_batch(segments, {}, outputs)
     assert computed[0] is threading.main_thread()
     assert any(t is not threading.main_thread() for t in computed[1:])
+
+
+@cpu_only
+@pytest.mark.skipif(_offload._cores() < 2, reason="one core: no worker to compute ahead")
+def test_the_worker_computes_a_dropped_value_with_the_dropped_value_it_reads(computed):
+    # m = h * C reads h = -C, which nothing else reads: both are dropped, and
+    # the worker computes m ahead of its second read by computing h first
+    r_h, h = _recipe(lax.neg, [C], [C])
+    r_m, m = _recipe(lax.mul, [h, C], [C, C])
+    r_first, first = _recipe(lax.neg, [m], [C])
+    fillers = [_recipe(lax.sin, [s], [s]) for s in SMALL[:-1]]
+    fillers.append(_recipe(wait_p.bind, [SMALL[-1]], [SMALL[-1]]))
+    r_last, last = _recipe(lax.neg, [m], [C])
+    segments = [Segment("eager", (r_h, r_m, r_first, *(r for r, _ in fillers))), Segment("eager", (r_last,))]
+    out = _batch.run_batch(segments, {}, [first, *(v for _, v in fillers), last])
+    c = np.asarray(C)
+    np.testing.assert_array_equal(out[0], c * c)
+    np.testing.assert_array_equal(out[-1], c * c)
+    assert computed[0] is threading.main_thread()
+    assert any(t is not threading.main_thread() for t in computed[1:])
+
+
+def test_while_the_worker_computes_a_value_the_folding_thread_computes_those_it_has_not_started():
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+    started, done = threading.Event(), threading.Event()
+
+    def running():
+        started.set()
+        done.wait(10)
+        return "running"
+
+    def waiting():
+        done.set()
+        return threading.current_thread()
+
+    refolds = _refold.Refolds([], {}, Counter(), None, worker)
+    future = worker.submit(running)
+    assert started.wait(10)
+    refolds._ahead["other"] = (worker.submit(waiting), waiting)
+    assert refolds._result(future, running) == "running"
+    assert refolds._computed["other"] is threading.main_thread()
+    worker.shutdown()

@@ -192,14 +192,20 @@ class Kernels:
             self._waiting[handed.early] -= recipe.out_bytes()
             if handed.future.cancel():
                 return handed.kernel(handed.args)
-            for other, later in self._handed.items():
-                if handed.future.done():
-                    break
-                if later.future.cancel():
-                    self._handed[other] = _Handed(_done(later.kernel(later.args)), *later[1:])
+            self.help(handed.future)
             return handed.future.result()
         except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
             return None
+
+
+    def help(self, future: concurrent.futures.Future) -> None:
+        """Until ``future`` is done, compute here the kernels handed out that the
+        worker has not started (XLA runs two at once, one per core)."""
+        for other, later in self._handed.items():
+            if future.done():
+                return
+            if later.future.cancel():
+                self._handed[other] = _Handed(_ran(later.kernel, later.args), *later[1:])
 
 
 class Ahead:
@@ -246,6 +252,16 @@ def _cores() -> int:
 def _done(value) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(value)
+    return future
+
+
+def _ran(fn: Callable, *args) -> concurrent.futures.Future:
+    """The future of ``fn(*args)``, computed here and now."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+        future.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001 - raised where the result is read, as the worker's would be
+        future.set_exception(e)
     return future
 
 

@@ -10,7 +10,7 @@ import concurrent.futures
 import functools
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _compat
@@ -63,7 +63,8 @@ class Refolds:
         self._kernels = kernels  # pejit._fold._offload.Kernels: a kernel runs again by its lowering
         self._worker = worker  # computes dropped values again ahead of their reads
         self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
-        self._ahead: dict[Any, concurrent.futures.Future] = {}
+        self._ahead: dict[Any, tuple[concurrent.futures.Future, Callable[[], Any]]] = {}  # var -> its job
+        self._computed: dict[Any, Any] = {}  # var -> its value, a job taken back from the worker
         self._producer: dict[Any, tuple[Any, int]] = {}  # var -> (its recipe, depth)
         self._next: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
         self._missing: set = set()  # dropped, or released at a last use that was not the last
@@ -92,35 +93,74 @@ class Refolds:
         for a in r.args:
             if _is_var(a) and a not in env and a in self._missing:
                 self._missing.discard(a)
-                future = self._ahead.pop(a, None)
-                try:  # what the worker has not started is computed here
-                    value = future.result() if future is not None and not future.cancel() else None
-                except Exception:  # noqa: BLE001 - computed here instead, where an error is the batch's
-                    value = None
+                value = self._computed.pop(a, None)
+                ahead = self._ahead.pop(a, None)
+                if ahead is not None:
+                    value = self._result(*ahead)
                 env[a] = self._value(a, env, {}) if value is None else value
+
+    def _result(self, future: concurrent.futures.Future, job: Callable[[], Any]) -> Any:
+        """What ``job`` the worker was given computes, here if it has not started it.
+        While it runs, this thread computes what the worker has not started yet:
+        its kernels, and the other values computed again (the two cores kept busy,
+        where the worker has more to do than this thread: TFC's basis)."""
+        try:
+            if future.cancel():
+                return job()
+            for other, (later, other_job) in list(self._ahead.items()):
+                if future.done():
+                    break
+                if later.cancel():
+                    del self._ahead[other]
+                    self._computed[other] = other_job()
+            if self._kernels is not None:
+                self._kernels.help(future)
+            return future.result()
+        except Exception:  # noqa: BLE001 - computed at the read instead, where an error is the batch's
+            return None
 
     def prefetch(self, position: int, env: dict) -> None:
         """Have the worker compute again the dropped values read within
-        :data:`REMAT_LEAD` equations after ``position``, where their
-        equation's inputs are held: the folding thread then finds them
-        computed, as it finds the kernels the worker ran (see
-        :mod:`pejit._fold._offload`), instead of computing them at the read.
+        :data:`REMAT_LEAD` equations after ``position``: the folding thread
+        then finds them computed, as it finds the kernels the worker ran
+        (see :mod:`pejit._fold._offload`), instead of computing them at the
+        read. A dropped value they read is computed with them (on
+        WaveEquation2D at full size, 20 of the 65 values computed again
+        read another dropped one: they were computed at the read, 0.5 s).
 
         Only what runs the same on any thread goes: a kernel lowered here
         (under this thread's configuration: ``jax.enable_x64`` is per
-        thread), or a host rule's NumPy; JAX's eager dispatch stays here."""
+        thread) on values held here, or a host rule's NumPy; JAX's eager
+        dispatch stays here."""
         while self._dropped and self._dropped[0][0] - position <= REMAT_LEAD:
             _, _, a = heapq.heappop(self._dropped)
-            if a in env or a not in self._missing or a in self._ahead:
+            if a in env or a not in self._missing or a in self._ahead or a in self._computed:
                 continue
-            p = self._producer[a][0]
-            if all(not _is_var(b) or b in env for b in p.args):
-                args = [env[b] if _is_var(b) else b for b in p.args]
-                job = None if self._kernels is None else self._kernels.prepare(p, args)
-                if job is None and _host.covers_equation(p.prim, p.params):
-                    job = functools.partial(_host.evaluate, p.prim, args, p.params)
-                if job is not None:
-                    self._ahead[a] = self._worker.submit(job)
+            job = self._job(a, env)
+            if job is not None:
+                self._ahead[a] = (self._worker.submit(job), job)
+
+    def _job(self, a, env: dict) -> Callable[[], Any] | None:
+        """Dropped ``a`` computed again by a function any thread can run, with what it
+        reads that was dropped too; None where an equation must run here."""
+        p = self._producer[a][0]
+        args, later = [], []
+        for b in p.args:
+            if not _is_var(b) or b in env:
+                args.append(env[b] if _is_var(b) else b)
+                continue
+            job = self._job(b, env) if b in self._producer else None
+            if job is None:
+                return None
+            later.append((len(args), job))
+            args.append(None)
+        if not later:  # a kernel's inputs are made jax.Arrays here, under this thread's configuration
+            kernel = None if self._kernels is None else self._kernels.prepare(p, args)
+            if kernel is not None:
+                return kernel
+        if not _host.covers_equation(p.prim, p.params):
+            return None
+        return functools.partial(_on_host, p, args, later)
 
     def _compute(self, p, args: list):
         out = None if self._kernels is None else self._kernels.compute(p, args)
@@ -157,3 +197,14 @@ class Refolds:
             self._missing.add(far)
             if self._worker is not None:
                 heapq.heappush(self._dropped, (self._next[far][0], id(far), far))
+
+
+def _on_host(p, args: list, later: list) -> Any:
+    """``p`` by its host rule, on ``args`` with the values the jobs of ``later`` compute
+    in their places; None where a rule declines (the batch computes it then)."""
+    args = list(args)
+    for i, job in later:
+        args[i] = job()
+        if args[i] is None:
+            return None
+    return _host.evaluate(p.prim, args, p.params)
