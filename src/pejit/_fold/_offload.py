@@ -197,7 +197,6 @@ class Kernels:
         except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
             return None
 
-
     def help(self, future: concurrent.futures.Future) -> None:
         """Until ``future`` is done, compute here the kernels handed out that the
         worker has not started (XLA runs two at once, one per core)."""
