@@ -135,3 +135,25 @@ def test_while_the_worker_computes_a_value_the_folding_thread_computes_those_it_
     assert refolds._result(future, running) == "running"
     assert refolds._computed["other"] is threading.main_thread()
     worker.shutdown()
+
+
+def test_a_value_that_fails_where_it_was_taken_back_is_left_to_its_read():
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+    started, done = threading.Event(), threading.Event()
+
+    def running():
+        started.set()
+        done.wait(10)
+        return "running"
+
+    def failing():
+        done.set()
+        raise FloatingPointError("computed again at the read, where an error is the batch's")
+
+    refolds = _refold.Refolds([], {}, Counter(), None, worker)
+    future = worker.submit(running)
+    assert started.wait(10)
+    refolds._ahead["other"] = (worker.submit(failing), failing)
+    assert refolds._result(future, running) == "running"
+    assert "other" not in refolds._computed and "other" not in refolds._ahead
+    worker.shutdown()

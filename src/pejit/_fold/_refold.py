@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import heapq
 from collections import Counter
@@ -110,9 +111,10 @@ class Refolds:
             for other, (later, other_job) in list(self._ahead.items()):
                 if future.done():
                     break
-                if later.cancel():
+                if later.cancel():  # computed here; one that fails is computed at its read
                     del self._ahead[other]
-                    self._computed[other] = other_job()
+                    with contextlib.suppress(Exception):
+                        self._computed[other] = other_job()
             if self._kernels is not None:
                 self._kernels.help(future)
             return future.result()
