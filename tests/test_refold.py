@@ -115,7 +115,8 @@ def test_the_worker_computes_a_dropped_value_with_the_dropped_value_it_reads(com
     assert any(t is not threading.main_thread() for t in computed[1:])
 
 
-def test_while_the_worker_computes_a_value_the_folding_thread_computes_those_it_has_not_started():
+def _taken_back(queued):
+    """A ``Refolds`` whose wait for the worker's running job met ``queued`` not started yet."""
     worker = concurrent.futures.ThreadPoolExecutor(1)
     started, done = threading.Event(), threading.Event()
 
@@ -124,36 +125,27 @@ def test_while_the_worker_computes_a_value_the_folding_thread_computes_those_it_
         done.wait(10)
         return "running"
 
-    def waiting():
+    def job():
         done.set()
-        return threading.current_thread()
+        return queued()
 
     refolds = _refold.Refolds([], {}, Counter(), None, worker)
     future = worker.submit(running)
     assert started.wait(10)
-    refolds._ahead["other"] = (worker.submit(waiting), waiting)
+    refolds._ahead["other"] = (worker.submit(job), job)
     assert refolds._result(future, running) == "running"
-    assert refolds._computed["other"] is threading.main_thread()
     worker.shutdown()
+    return refolds
+
+
+def test_while_the_worker_computes_a_value_the_folding_thread_computes_those_it_has_not_started():
+    refolds = _taken_back(threading.current_thread)
+    assert refolds._computed["other"] is threading.main_thread()
 
 
 def test_a_value_that_fails_where_it_was_taken_back_is_left_to_its_read():
-    worker = concurrent.futures.ThreadPoolExecutor(1)
-    started, done = threading.Event(), threading.Event()
-
-    def running():
-        started.set()
-        done.wait(10)
-        return "running"
-
     def failing():
-        done.set()
         raise FloatingPointError("computed again at the read, where an error is the batch's")
 
-    refolds = _refold.Refolds([], {}, Counter(), None, worker)
-    future = worker.submit(running)
-    assert started.wait(10)
-    refolds._ahead["other"] = (worker.submit(failing), failing)
-    assert refolds._result(future, running) == "running"
+    refolds = _taken_back(failing)
     assert "other" not in refolds._computed and "other" not in refolds._ahead
-    worker.shutdown()

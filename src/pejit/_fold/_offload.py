@@ -248,12 +248,6 @@ def _cores() -> int:
     return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
-def _done(value) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    future.set_result(value)
-    return future
-
-
 def _ran(fn: Callable, *args) -> concurrent.futures.Future:
     """The future of ``fn(*args)``, computed here and now."""
     future: concurrent.futures.Future = concurrent.futures.Future()
