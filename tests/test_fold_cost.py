@@ -207,6 +207,32 @@ def test_progress_bar(monkeypatch):
 
 
 @with_f32_products  # the values against float64 NumPy
+def test_each_tiny_value_computed_while_tracing_is_put_on_the_device_once(monkeypatch):
+    """Scalars that the trace computes on the spot become ``jax.Array``s once per value
+    (TFC's WaveEquation2D made 687 of them, most of them zeros and ones)."""
+    from pejit._fold import _host
+
+    puts = []
+    to_jax = _host.to_jax
+
+    def counting(a):
+        if isinstance(a, (np.ndarray, np.generic)):
+            puts.append((np.shape(a), a.dtype, a.tobytes()))
+        return to_jax(a)
+
+    monkeypatch.setattr(_host, "to_jax", counting)
+
+    def h(c, x):
+        for i in range(1, 21):
+            x = x + (c[0] * 0.0 + c[1]) * (i % 2)
+        return x
+
+    c, x = jnp.array([2.0, 3.0]), jnp.ones(3)
+    out = pejit(c, x, constant_arg_nums=[0])(h)(x)
+    np.testing.assert_array_equal(out, jax.jit(h)(c, x))
+    assert puts and len(puts) == len(set(puts))  # 140 puts of 5 values before
+
+
 def test_the_same_known_work_is_folded_once():
     """Known work met twice on the same inputs (TFC's derivatives evaluate each
     basis derivative several times) is evaluated once, as XLA's CSE would."""

@@ -104,6 +104,42 @@ def test_small_kernels_and_kernels_without_a_lowering_are_left_to_the_batch():
     assert kernels.take(recipe, [big]) is None
 
 
+# A kernel of a constant and a small grid, as TFC's basis is of its points.
+grid_kernel_p = Primitive("test_offload_grid_kernel")
+grid_kernel_p.def_impl(lambda a, g: jax.jit(lambda a, g: jnp.exp(a) + g)(a, g))
+grid_kernel_p.def_abstract_eval(lambda a, g: a)
+mlir.register_lowering(grid_kernel_p, mlir.lower_fun(lambda a, g: jnp.exp(a) + g, multiple_results=False))
+
+
+@cpu_only  # the worker runs only beside the CPU back end
+@two_cores
+def test_a_small_numpy_input_of_kernels_is_put_on_the_device_once_per_fold(monkeypatch):
+    """TFC's basis kernels read the same NumPy grids: each is put once, however
+    many kernels read it and whether or not it is the same object."""
+    from pejit._fold import _host
+
+    puts = []
+    to_jax = _host.to_jax
+
+    def counting(a):
+        if isinstance(a, np.ndarray) and a.shape == (SIZE,):
+            puts.append(a)
+        return to_jax(a)
+
+    monkeypatch.setattr(_host, "to_jax", counting)
+    A, B, C = constants(3)
+    grid = np.linspace(0.0, 1.0, SIZE, dtype=np.float32)
+
+    def g(A, B, C, grid, x):
+        return (grid_kernel_p.bind(A, grid) + grid_kernel_p.bind(B, grid)
+                + grid_kernel_p.bind(C, np.array(grid)) + x)
+
+    x = jnp.ones(SIZE, jnp.float32)
+    out = pe(A, B, C, grid, x, constant_arg_nums=[0, 1, 2, 3])(g)(x)
+    np.testing.assert_allclose(out, sum(jnp.exp(c) + grid for c in (A, B, C)) + x, rtol=1e-6)
+    assert len(puts) == 1
+
+
 @cpu_only  # the worker runs only beside the CPU back end
 @two_cores
 def test_kernels_handed_out_by_the_trace_are_taken_once_or_let_go():
