@@ -159,33 +159,41 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     cached = CACHED_BYTES.get(platform, 0)
     host = _host.on_one_cpu()
     runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
+    kinds: dict[tuple, tuple[bool, bool]] = {}  # (primitive, body) -> (fuses, starts a run)
     for r in recipes:
-        if not (fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform)):
+        kind = (r.prim, id(called_jaxpr(r.prim, r.params)))  # the recipes hold the bodies
+        fuses, first = kinds.get(kind) or kinds.setdefault(kind, (
+            fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform), fused_first(r.prim, r.params)))
+        if not fuses:
             runs.append((False, [r]))
-        elif runs and runs[-1][0] and not fused_first(r.prim, r.params):
+        elif runs and runs[-1][0] and not first:
             runs[-1][1].append(r)
         else:
             runs.append((True, [r]))
     keys = [_compiled.run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
-    alike = Counter(keys)
+    # a structure by its number (the steps of an unrolled loop: one key, hashed once)
+    numbers: dict[Any, int] = {}
+    structure = [None if k is None else numbers.setdefault(k, len(numbers)) for k in keys]
+    alike = Counter(structure)
+    compiled = [_compiled.known(k) for k in numbers]
     reads = Counter(a for r in recipes for a in r.args if _is_var(a))
     segments: list[Segment] = []
     on_host: set = set()  # values the batch computes as NumPy arrays, which a program copies in
-    made: dict[Any, set] = {}  # by run key: the values runs of that structure compute
-    for (_, run), key in zip(runs, keys):
-        inside = Counter(a for r in run for a in r.args if _is_var(a))
-        alike_made = made.get(key, ())  # compiled with this run, if it is: not on the host
-        traffic = sum(nbytes(v.aval) for r in run for v in r.outvars  # the intermediates: read in the run alone
-                      if v is not None and 0 < reads[v] == inside[v] and nbytes(v.aval) > cached)
-        copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
-            (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
-        saved = len(run) * DISPATCH_SECONDS + (traffic - copied) / bandwidth
-        cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
+    made: dict[int, set] = {}  # by structure: the values runs of it compute
+    for (_, run), key, n in zip(runs, keys, structure):
         if key is not None:
-            made.setdefault(key, set()).update(v for r in run for v in r.outvars)
-        if key is not None and (saved * alike[key] > cost or _compiled.known(key)):
-            segments.append(Segment("compiled", tuple(run), key))
-            continue
+            inside = Counter(a for r in run for a in r.args if _is_var(a))
+            alike_made = made.setdefault(n, set())  # compiled with this run, if it is: not on the host
+            traffic = sum(nbytes(v.aval) for r in run for v in r.outvars  # the intermediates: read in the run alone
+                          if v is not None and 0 < reads[v] == inside[v] and nbytes(v.aval) > cached)
+            copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
+                (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
+            saved = len(run) * DISPATCH_SECONDS + (traffic - copied) / bandwidth
+            cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
+            alike_made.update(v for r in run for v in r.outvars)
+            if saved * alike[n] > cost or compiled[n]:
+                segments.append(Segment("compiled", tuple(run), key))
+                continue
         if segments and segments[-1].backend == "eager":
             segments[-1] = Segment("eager", segments[-1].recipes + tuple(run))
         else:
