@@ -4,6 +4,7 @@ and computed again (pejit._fold._refold), whichever back end reads them."""
 from __future__ import annotations
 
 import concurrent.futures
+import platform
 import threading
 from collections import Counter
 
@@ -15,7 +16,7 @@ from jax import lax
 from jax.extend.core import Primitive
 
 from pejit import _compat
-from pejit._fold import _batch, _host, _offload, _refold
+from pejit._fold import _batch, _host, _offload, _refold, _trim
 from pejit._fold._batch import Recipe, Segment
 
 from ._util import cpu_only
@@ -56,11 +57,8 @@ def _batch_reading_h_far_apart():
     return segments, [first, *(v for _, v in fillers), y, last]
 
 
-@pytest.fixture
-def computed(monkeypatch):
-    """Drop every large value of constants alone at once; record the threads that compute ``h``."""
-    monkeypatch.setattr(_refold, "REMAT_HELD", 0)
-    monkeypatch.setattr(_refold, "REMAT_GAP", 8)
+def _recording(monkeypatch):
+    """The threads that compute ``h`` (a host rule on ``C``), as they do."""
     threads = []
     evaluate = _host.evaluate
     recomputing.clear()
@@ -74,6 +72,46 @@ def computed(monkeypatch):
 
     monkeypatch.setattr(_host, "evaluate", recorded)
     return threads
+
+
+@pytest.fixture
+def computed(monkeypatch):
+    """Drop every large value of constants alone at once; record the threads that compute ``h``."""
+    monkeypatch.setattr(_refold, "REMAT_HELD", 0)
+    monkeypatch.setattr(_refold, "HOLD_ALL", 0)
+    monkeypatch.setattr(_refold, "REMAT_GAP", 8)
+    return _recording(monkeypatch)
+
+
+@pytest.mark.parametrize("fit", [True, False])
+def test_values_that_fit_at_once_are_all_held_while_the_batch_trims_the_heap(monkeypatch, fit):
+    # h (1.4 MB) is over REMAT_HELD; held whole where HOLD_ALL admits it, and
+    # the batch then hands what it frees back to the system (every tick here)
+    monkeypatch.setattr(_refold, "REMAT_HELD", 0)
+    monkeypatch.setattr(_refold, "HOLD_ALL", C.nbytes if fit else C.nbytes - 1)
+    monkeypatch.setattr(_refold, "REMAT_GAP", 8)
+    monkeypatch.setattr(_trim, "PERIOD", 0.0)
+    trims = []
+    monkeypatch.setattr(_trim, "trim", lambda: trims.append(1) or True)
+    threads = _recording(monkeypatch)
+    recomputing.set()  # nothing waits for a recomputation
+    segments, outputs = _batch_reading_h_far_apart()
+    first, *_, y, last = _batch.run_batch(segments, {}, outputs)
+    np.testing.assert_array_equal(last, np.asarray(C))
+    assert len(threads) == (1 if fit else 2)  # computed once, or again after it was dropped
+    assert bool(trims) == fit
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_a_trimmer_trims_the_heap_each_period():
+    assert _trim.trim()
+    trimmer = _trim.Trimmer(period=0.0)
+    trimmer.tick()
+    trimmer.tick()
+    assert trimmer.trims == 2
+    trimmer = _trim.Trimmer(period=3600.0)
+    trimmer.tick()
+    assert trimmer.trims == 0
 
 
 def test_a_dropped_value_read_by_a_compiled_segment_is_computed_again(computed):

@@ -10,8 +10,8 @@ switches from ``_options`` and counts into ``_stats`` (FLOPs by
 eager or compiled by a cost model: programs, and unrolled loops rolled
 again, by ``_compiled``; on the host where NumPy gives XLA's bits
 (``_host``); opaque kernels on a worker thread (``_offload``); far reads
-of constant-only values computed again (``_refold``); results kept
-compact (``_values``). Beside them: ``_abstract`` (known values that are
+of constant-only values computed again (``_refold``), or held while the
+heap is trimmed (``_trim``); results kept compact (``_values``). Beside them: ``_abstract`` (known values that are
 tracers, for value-independent folding programs), ``_primitives`` (the
 tables of primitives by kind), ``_progress``, ``_gc`` and ``_multihost``.
 

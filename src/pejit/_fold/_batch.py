@@ -46,7 +46,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from .. import _compat
-from . import _abstract, _compiled, _host, _offload, _refold
+from . import _abstract, _compiled, _host, _offload, _refold, _trim
 from ._primitives import called_jaxpr, fused_first, fusible
 
 # -- the cost model (seconds, bytes per second) ------------------------------
@@ -303,6 +303,7 @@ def run_batch(
                               _offload.spare() if kernels.enabled else None)
     position = -1  # in eager, for the kernels handed out ahead
     step = -1  # in the batch, for the values computed again
+    trimmer = _trim.Trimmer() if refolds.trims else None  # what it frees goes back as it runs
     with _compat.evaluating():
         for seg in segments:
             start, compiling = time.perf_counter(), [0.0]
@@ -321,6 +322,8 @@ def run_batch(
                     refolds.release(step, r, env)
                 refolds.prefetch(step, env)
                 tick(len(seg.recipes))
+                if trimmer is not None:
+                    trimmer.tick()
             else:
                 for r in seg.recipes:
                     position += 1
@@ -339,6 +342,8 @@ def run_batch(
                     refolds.release(step, r, env)
                     refolds.prefetch(step, env)
                     tick(1)
+                    if trimmer is not None:
+                        trimmer.tick()
             if timings is not None:
                 timings.append((time.perf_counter() - start, compiling[0]))
     return [results[v] for v in outputs]
