@@ -11,9 +11,10 @@ eager or compiled by a cost model: programs, and unrolled loops rolled
 again, by ``_compiled``; on the host where NumPy gives XLA's bits
 (``_host``); opaque kernels on a worker thread (``_offload``); far reads
 of constant-only values computed again (``_refold``), or held while the
-heap is trimmed (``_trim``); results kept compact (``_values``). Beside them: ``_abstract`` (known values that are
-tracers, for value-independent folding programs), ``_primitives`` (the
-tables of primitives by kind), ``_progress``, ``_gc`` and ``_multihost``.
+heap is trimmed (``_trim``); results kept compact (``_values``). Beside
+them: ``_abstract`` (known values that are tracers, for value-independent
+folding programs), ``_primitives`` (the tables of primitives by kind),
+``_progress``, ``_gc`` and ``_multihost``.
 
 Imports: ``_compat`` only.
 """

@@ -41,8 +41,9 @@ REMAT_BYTES = 2**20
 REMAT_GAP = 32
 REMAT_DEPTH = 3
 #: Bytes of such values a batch holds before it drops the one read farthest
-#: ahead (WaveEquation2D at full size: 65 recomputations of TFC's basis, 2.7 s;
-#: with none held, 92 and 3.4 s; 294 MiB live at most against 393 MiB)
+#: ahead, unless it holds them all (HOLD_ALL). WaveEquation2D at full size,
+#: before HOLD_ALL: 65 recomputations of TFC's basis, 2.7 s; with none held,
+#: 92 and 3.4 s; 294 MiB live at most against 393 MiB.
 REMAT_HELD = 128 * 2**20
 #: Such values are all held (none computed again) when that is at most
 #: this many bytes at once, and the batch trims the heap as it runs (see
