@@ -114,6 +114,14 @@ def test_a_trimmer_trims_the_heap_each_period():
     assert trimmer.trims == 0
 
 
+def test_without_malloc_trim_a_trimmer_does_nothing(monkeypatch):
+    monkeypatch.setattr(_trim, "_malloc_trim", lambda: None)  # not glibc
+    assert not _trim.trim()
+    trimmer = _trim.Trimmer(period=0.0)
+    trimmer.tick()
+    assert trimmer.trims == 0
+
+
 def test_a_dropped_value_read_by_a_compiled_segment_is_computed_again(computed):
     segments, outputs = _batch_reading_h_far_apart()
     first, *_, y, last = _batch.run_batch(segments, {}, outputs)

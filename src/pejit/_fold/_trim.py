@@ -34,7 +34,7 @@ PERIOD = 0.05
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL(None).malloc_trim  # the process's C library
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no such function; no CDLL(None) on Windows
         return None
 
 
