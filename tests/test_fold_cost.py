@@ -16,6 +16,7 @@ import pytest
 import pejit as pejit_module
 from pejit import pejit
 from pejit import _compat
+from pejit._fold import _host
 from pejit._fold._staging import trace_staging
 
 from ._util import cpu_devices, with_f32_products
@@ -206,12 +207,9 @@ def test_progress_bar(monkeypatch):
     assert len(bars) == 1 and bars[0].n == bars[0].total > 0
 
 
-@with_f32_products  # the values against float64 NumPy
 def test_each_tiny_value_computed_while_tracing_is_put_on_the_device_once(monkeypatch):
     """Scalars that the trace computes on the spot become ``jax.Array``s once per value
     (TFC's WaveEquation2D made 687 of them, most of them zeros and ones)."""
-    from pejit._fold import _host
-
     puts = []
     to_jax = _host.to_jax
 
@@ -233,6 +231,7 @@ def test_each_tiny_value_computed_while_tracing_is_put_on_the_device_once(monkey
     assert puts and len(puts) == len(set(puts))  # 140 puts of 5 values before
 
 
+@with_f32_products  # the values against float64 NumPy
 def test_the_same_known_work_is_folded_once():
     """Known work met twice on the same inputs (TFC's derivatives evaluate each
     basis derivative several times) is evaluated once, as XLA's CSE would."""

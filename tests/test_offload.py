@@ -13,7 +13,7 @@ from jax.interpreters import mlir
 
 from pejit import pe, pejit
 from pejit import _compat
-from pejit._fold import _abstract, _batch, _offload
+from pejit._fold import _abstract, _batch, _host, _offload
 from pejit._fold._batch import Recipe
 from pejit._calls._program import FoldingProgram
 
@@ -116,8 +116,6 @@ mlir.register_lowering(grid_kernel_p, mlir.lower_fun(lambda a, g: jnp.exp(a) + g
 def test_a_small_numpy_input_of_kernels_is_put_on_the_device_once_per_fold(monkeypatch):
     """TFC's basis kernels read the same NumPy grids: each is put once, however
     many kernels read it and whether or not it is the same object."""
-    from pejit._fold import _host
-
     puts = []
     to_jax = _host.to_jax
 
