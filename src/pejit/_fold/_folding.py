@@ -104,7 +104,7 @@ class Folder:
         # _values.value_key): id -> (key, the value, kept alive for its id);
         # and recipe outputs known to be uniform (a broadcast of a scalar)
         self._value_keys: dict[int, tuple[Any, Any]] = {}
-        self._tiny: dict[tuple, Any] = {}  # see _tiny_array
+        self._puts: dict[tuple, Any] = {}  # tiny values computed on the spot (see _host.to_jax_once)
         self._uniform_vars: dict[Any, tuple] = {}
         # kernels on concrete inputs start on a worker as they are recorded
         # (see pejit._fold._offload), where eager batches take them
@@ -164,21 +164,10 @@ class Folder:
             out = _host.evaluate(prim, args, params) if host else None
             if out is None:
                 return _abstract.evaluate(prim, args, params)
-            return [self._tiny_array(o) for o in out] if prim.multiple_results else self._tiny_array(out)
+            if prim.multiple_results:
+                return [_host.to_jax_once(o, self._puts) for o in out]
+            return _host.to_jax_once(out, self._puts)
         return self._record(trace, prim, args, params, lazy=False)
-
-    def _tiny_array(self, x):
-        """A host rule's tiny result as a ``jax.Array``, one per value: TFC's
-        full-size WaveEquation2D makes 687 scalars while it traces, most of
-        them zeros and ones, and a ``device_put`` took 100-130 us there,
-        beside the worker's kernels (70-90 ms in all)."""
-        if not isinstance(x, (np.ndarray, np.generic)):
-            return x
-        key = (x.dtype, np.shape(x), x.tobytes())
-        out = self._tiny.get(key)
-        if out is None:
-            out = self._tiny[key] = _host.to_jax(x)
-        return out
 
     def fold_part(self, trace, closed, args) -> list:
         """Fold ``closed``, equations of a call on known ``args`` alone, as one recipe.

@@ -390,3 +390,23 @@ def to_jax(x: Any) -> Any:
     """``x``, a host rule's NumPy result made a ``jax.Array`` (for a trace
     that stages it: JAX takes no NumPy constants there)."""
     return jax.device_put(x) if isinstance(x, (np.ndarray, np.generic)) else x
+
+
+#: NumPy values up to this size are put on the device once per fold (see :func:`to_jax_once`).
+PUT_ONCE_BYTES = 2**16
+
+
+def to_jax_once(x: Any, puts: dict) -> Any:
+    """:func:`to_jax` of ``x``, the same ``jax.Array`` for equal small NumPy
+    values: ``puts`` (one per fold) holds them by content. A fold meets the
+    same few again and again: TFC's full-size WaveEquation2D made 687 scalars
+    while it traced (most of them zeros and ones) and handed its kernels its
+    1331-point grids 248 times, each ``device_put`` 100-130 us beside the
+    worker's kernels; now 4 and 2."""
+    if not isinstance(x, (np.ndarray, np.generic)) or x.nbytes > PUT_ONCE_BYTES:
+        return to_jax(x)
+    key = (x.dtype, x.shape, x.tobytes())
+    put = puts.get(key)
+    if put is None:
+        put = puts[key] = to_jax(x)
+    return put

@@ -63,9 +63,6 @@ AHEAD_BYTES = 256 * 2**20
 #: microseconds, and small kernels are quick.
 MIN_BYTES = 2**20
 
-#: NumPy inputs of kernels up to this size are put on the device once per fold.
-PUT_ONCE_BYTES = 2**16
-
 _worker: concurrent.futures.ThreadPoolExecutor | None = None
 _MISSING = object()
 
@@ -91,22 +88,12 @@ class Kernels:
         self.enabled = _cores() > 1 and _host.on_one_cpu()
         self._handed: dict[Any, _Handed] = {}
         self._waiting = {True: 0, False: 0}  # by early: bytes handed out, not read yet
-        self._puts: dict[tuple, Any] = {}  # small NumPy inputs by content -> their jax.Array
+        self._puts: dict[tuple, Any] = {}  # small NumPy inputs (see _host.to_jax_once)
 
     def _jax(self, args: Sequence[Any]) -> list:
-        """A kernel's inputs as ``jax.Array``s, each small NumPy value put once:
-        the kernels of TFC's basis read the same grids, and zeros made anew
-        (the full-size WaveEquation2D put 1331-point grids 248 times, 37 ms)."""
-        out = []
-        for a in args:
-            if isinstance(a, (np.ndarray, np.generic)) and a.nbytes <= PUT_ONCE_BYTES:
-                key = (a.dtype, a.shape, a.tobytes())
-                put = self._puts.get(key)
-                if put is None:
-                    put = self._puts[key] = _host.to_jax(a)
-                a = put
-            out.append(_host.to_jax(a))
-        return out
+        """A kernel's inputs as ``jax.Array``s, each small NumPy value put once
+        (the kernels of TFC's basis read the same grids)."""
+        return [_host.to_jax_once(a, self._puts) for a in args]
 
     def kernel(self, recipe) -> bool:
         """Whether ``recipe`` is a kernel worth a hand-off: no host rule, not a
