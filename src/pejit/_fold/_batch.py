@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -48,6 +47,7 @@ from jax.interpreters import mlir
 from .. import _compat
 from . import _abstract, _compiled, _host, _offload, _refold, _trim
 from ._primitives import called_jaxpr, fused_first, fusible
+from ._values import nbytes
 
 # -- the cost model (seconds, bytes per second) ------------------------------
 # Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
@@ -521,15 +521,3 @@ def _defined(outvars, values):
 
 def _is_var(a) -> bool:
     return isinstance(a, _compat.Var)
-
-
-def nbytes(aval) -> int:
-    """Bytes of an array of abstract value ``aval`` (0 for non-arrays)."""
-    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
-        return 0
-    try:
-        itemsize = np.dtype(dtype).itemsize
-    except TypeError:  # extended dtypes (PRNG keys) have no NumPy itemsize
-        itemsize = getattr(dtype, "itemsize", 8)
-    return math.prod(shape) * itemsize

@@ -10,21 +10,17 @@ import concurrent.futures
 import contextlib
 import functools
 import heapq
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _compat
 from . import _abstract, _host
+from ._values import nbytes
 
 
 def _is_var(a) -> bool:
     return isinstance(a, _compat.Var)
-
-
-def _nbytes(v) -> int:
-    return math.prod(v.aval.shape) * v.aval.dtype.itemsize
 
 
 def evaluate(r, args: list) -> Any:
@@ -115,10 +111,10 @@ class Refolds:
         dropped: each from its first read to its last."""
         change = Counter()
         for v in self._producer:
-            reads = self._next.get(v)
-            if reads and len(reads) > 1 and _nbytes(v) >= REMAT_BYTES:
-                change[reads[0]] += _nbytes(v)
-                change[reads[-1]] -= _nbytes(v)
+            reads, size = self._next.get(v), nbytes(v.aval)
+            if reads and len(reads) > 1 and size >= REMAT_BYTES:
+                change[reads[0]] += size
+                change[reads[-1]] -= size
         held = most = 0
         for i in sorted(change):
             held += change[i]

@@ -50,6 +50,18 @@ def content_key(c):
     return (a.shape, a.dtype, hashlib.sha1(byte_view(a)).digest())
 
 
+def nbytes(aval) -> int:
+    """Bytes of an array of abstract value ``aval`` (0 for non-arrays)."""
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    try:
+        itemsize = np.dtype(dtype).itemsize
+    except TypeError:  # extended dtypes (PRNG keys) have no NumPy itemsize
+        itemsize = getattr(dtype, "itemsize", 8)
+    return math.prod(shape) * itemsize
+
+
 def byte_view(a: np.ndarray) -> np.ndarray:
     """``a``'s bytes as a flat uint8 array (a view where ``a`` is contiguous).
 
