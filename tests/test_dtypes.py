@@ -639,6 +639,32 @@ def test_small_dtype_constants(dtype, as_, form):
         check_close(g(W_arg, x), jax.jit(f)(W2, x), dtype)
 
 
+@pytest.mark.parametrize("backend", ["auto", "eager"])
+@pytest.mark.parametrize("form", ["pejit", "pejit_tfc", "pe", "auto"])
+def test_a_float64_numpy_constant_is_float32_before_it_is_folded(form, backend):
+    """With 64-bit mode off, ``jax.jit`` rounds a float64 NumPy argument to
+    float32 before anything reads it. The call-time form's first value once
+    folded it in float64 on the host: ``(A - 1) * 1e10`` gave 1.0, not 0.0."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("64-bit mode keeps float64")
+    A = np.full((300, 300), 1.0 + 1e-10)  # 1.0 in float32
+    B = np.full((300, 300), 1.0 + 2e-7)  # not 1.0 in float32
+    x = np.float32(0.5)
+
+    def f(A, x):
+        return (A - 1.0) * 1e10 + x
+
+    options = FoldOptions(backend=backend)
+    if form == "pejit_tfc":
+        g = pejit(A, x, constant_arg_nums=[0], fold_options=options)(f)
+        np.testing.assert_array_equal(g(x), jax.jit(f)(A, x))
+        return
+    g = pejit(f, constant_argnums="auto" if form == "auto" else 0, fold_options=options) if form != "pe" \
+        else pe(f, constant_argnums=0, fold_options=options)
+    for C in (A, B, A):
+        np.testing.assert_array_equal(g(C, x), jax.jit(f)(C, x))
+
+
 @pytest.mark.parametrize("dtype", SMALL_FLOATS + SUB_BYTE_INTS + ["bool", "float32", "complex64"])
 def test_persistent_cache_round_trips_dtypes(dtype, tmp_path):
     """Folded constants of every dtype are stored and read back as that dtype."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
+import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from .. import _compat
@@ -94,6 +95,10 @@ class FoldingProgram:
         ``tick`` the equations evaluated.
         """
         backend = "eager" if self.backend == "compiled" else self.backend
+        # as the compiled program takes them: a float64 NumPy constant is
+        # float32 when 64-bit mode is off, rounded before anything reads it
+        arrays = [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype
+                  else a for a, aval in zip(arrays, self.traced.jaxpr.in_avals)]
         segments: list[_batch.BatchInfo] = []
         out = _batch.evaluate_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments)
         for seg in segments:  # where the first value's time goes (the bench's fold breakdown reads these)
