@@ -260,3 +260,38 @@ def test_a_sum_with_zeros_is_the_other_term_where_its_bits_are_xla_s(name):
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
     returned = {"a": got is a, "b": got is b, "broadcast": got.strides == (0, 0)}
     assert [k for k, hit in returned.items() if hit] == ([] if kind == "computed" else [kind])
+
+
+def test_while_a_fold_runs_each_array_is_checked_once():
+    calls = []
+    finite = _host._remembered(lambda x: calls.append(x.shape) or bool(np.isfinite(x).all()))
+    a = rng.standard_normal((64, 300))  # 150 KiB: worth remembering
+    assert finite(a) and finite(a) and len(calls) == 2  # outside a fold: read each time
+    with _host.remembering():
+        assert finite(a) and finite(a) and finite(a.T.T) and len(calls) == 3  # a view of the same memory too
+        assert finite(a.T) and finite(a[:32]) and len(calls) == 5  # other views: other answers
+        with _host.remembering():  # a fold inside keeps what the outer one found
+            assert finite(a) and len(calls) == 5
+        del a
+        b = np.full((64, 300), np.nan)  # perhaps where a was: checked afresh
+        assert not finite(b) and len(calls) == 6
+        small = np.ones(8)
+        assert finite(small) and finite(small) and len(calls) == 8  # cheaper read again than remembered
+    assert not finite(b) and len(calls) == 9  # the fold is over: nothing is kept
+
+
+def test_the_checks_are_remembered_in_a_fold():
+    from pejit import FoldOptions, pejit
+
+    def g(A, x):  # jacfwd pushes one identity through four products with it
+        return jax.jacfwd(lambda x: sum((A * k) @ x for k in range(1, 5)))(x)
+
+    A = rng.standard_normal((300, 200)).astype(np.float32)
+    x = np.ones(200, np.float32)  # the identity: 160 KB
+    seen = []
+    rows = _host._identity_rows.__wrapped__
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_host, "_identity_rows", _host._remembered(lambda u: seen.append(u.shape) or rows(u)))
+        out = pejit(g, constant_argnums=0, fold_options=FoldOptions(backend="eager"))(A, x)
+    np.testing.assert_allclose(out, sum(A * k for k in range(1, 5)), rtol=1e-6)
+    assert seen == [(200, 200)]

@@ -349,6 +349,7 @@ def run_batch(
     return [results[v] for v in outputs]
 
 
+@_host.remembering()
 def evaluate_jaxpr(
     closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,

@@ -25,6 +25,7 @@ from .._fold._folding import Folder, replay
 from .._fold._options import FoldOptions
 from .._fold._stats import FoldStats
 from .._fold._gc import pausing
+from .._fold._host import remembering
 from .._fold._primitives import FUSES_OPERANDS
 from .._fold._progress import Progress
 from .._reports._report import FoldReport
@@ -74,6 +75,7 @@ class Residual:
         return _compat.open_jaxpr(self.jaxpr)[0]
 
 
+@remembering()
 def fold(
     fun: Callable[..., Sequence[Any]],
     in_avals: Sequence[Any],
