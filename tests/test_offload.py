@@ -240,40 +240,6 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
     assert not [e for e in evaluated if "sin" in e or "cos" in e]  # not compiled again by JAX's eager dispatch
 
 
-@cpu_only  # the worker runs only beside the CPU back end
-@two_cores
-def test_the_known_part_of_a_nested_call_is_compiled_while_traced(monkeypatch):
-    # lstsq's body on a known matrix: an svd (a call of its own), then a
-    # division and integer arithmetic no host rule takes, all folded as one
-    # recipe that its batch evaluates equation by equation
-    evaluated, warmed = [], []
-    evaluate, warm = _abstract.evaluate, _offload.Kernels.warm
-
-    def evaluate_watched(prim, args, params):
-        if prim is not _batch.known_part_p:
-            evaluated.append(prim.name)
-        return evaluate(prim, args, params)
-
-    def warm_watched(self, recipe):
-        warmed.append(recipe.prim)
-        return warm(self, recipe)
-
-    monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
-    monkeypatch.setattr(_offload.Kernels, "warm", warm_watched)
-    _drain_before(monkeypatch, _batch, "run_batch")
-    _offload.clear_programs()
-
-    def solve(A, b):
-        return jnp.linalg.lstsq(A, b)[0]
-
-    A = np.random.default_rng(3).standard_normal((40, 24)).astype(np.float32)
-    b = np.ones(40, np.float32)
-    out = pejit(solve, constant_argnums=0)(A, b)
-    np.testing.assert_allclose(out, np.linalg.lstsq(A, b, rcond=None)[0], rtol=2e-4, atol=2e-5)
-    assert _batch.known_part_p in warmed
-    assert "jit" not in evaluated and "div" not in evaluated  # not compiled by JAX's eager dispatch
-
-
 @two_cores
 def test_the_residual_compiles_beside_the_first_value_and_serves_its_call(monkeypatch):
     _drain_before(monkeypatch, FoldingProgram, "first_value")

@@ -389,15 +389,6 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     return [_owned(o) for o in out] if prim.multiple_results else _owned(out)
 
 
-def takes(prim, dtypes: Sequence[Any]) -> bool:
-    """Whether ``prim``'s rule takes inputs of these dtypes (it may still
-    decline their values or its parameters): where it does not, evaluating
-    the equation on its own compiles it."""
-    rule = HOST_RULES.get(prim)
-    return rule is not None and all(d in DTYPES for d in dtypes) and not (
-        getattr(rule, "floats_only", False) and any(d not in FLOATS for d in dtypes))
-
-
 def covers_equation(prim, params: dict) -> bool:
     """Whether rules cover an equation of ``prim`` (a call: its whole body)."""
     return covers(call_body(params)[0]) if prim.name in CALLS else prim in HOST_RULES

@@ -49,7 +49,6 @@ from . import _host
 from ._primitives import (
     CALLS,
     CUSTOM_CALLS,
-    EAGER_CALLS,
     called_jaxpr,
     fused_first,
     fusible,
@@ -120,13 +119,11 @@ class Kernels:
         for each input type the first time it runs, 30-40 ms apiece on a CPU,
         and the trace, which records ``recipe`` long before its batch runs,
         is pure Python that the compiler (which releases the GIL) need not
-        wait for. The batch then runs that program (see :meth:`take`).
-        A call that its batch evaluates equation by equation (a known part
-        of a nested call) has each of its equations compiled so: the
-        known part of ``jnp.linalg.lstsq`` in TFC's step compiled an
-        ``svd``, a division and its selections at the end of the batch."""
-        if self.enabled:
-            _warm(recipe.prim, recipe.params, recipe.args)
+        wait for. The batch then runs that program (see :meth:`take`)."""
+        if self.enabled and _compiled_alone(recipe.prim, recipe.params):
+            kernel = _lowered(recipe.prim, recipe.params, _specs(recipe.args, abstract=True))
+            if kernel is not None:
+                kernel.compile_ahead()
 
     def hand(self, recipe, args: Sequence[Any], early: bool = False) -> bool:
         """Hand ``recipe`` out on these inputs; False while too many results wait."""
@@ -336,30 +333,15 @@ def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
     return tuple(specs)
 
 
-def _warm(prim, params: dict, args: Sequence[Any], eager: bool = False) -> None:
-    """Compile ahead what a batch would compile for this equation (see
-    :meth:`Kernels.warm`); ``eager``: the batch evaluates it alone."""
-    if _compiled_alone(prim, params, args, eager):
-        kernel = _lowered(prim, params, _specs(args, abstract=True))
-        if kernel is not None:
-            kernel.compile_ahead()
-    elif prim.name in EAGER_CALLS and not fusible(prim, params):
-        for e in called_jaxpr(prim, params).eqns:
-            _warm(e.primitive, e.params, [a.val if isinstance(a, _compat.Literal) else a for a in e.invars], True)
-
-
-def _compiled_alone(prim, params: dict, args: Sequence[Any] = (), eager: bool = False) -> bool:
+def _compiled_alone(prim, params: dict) -> bool:
     """Whether a batch would have JAX compile ``prim`` for itself: no host
-    rule takes it (on ``args``, where given), and no compiled segment
-    would fuse it, or not always (a run starting at a ``sin`` may stay
-    eager; see ``pejit._fold._batch.plan_batch``), or it is ``eager``: the
-    batch evaluates it alone, as it does the body of :data:`EAGER_CALLS`."""
+    rule covers it, and no compiled segment would fuse it, or not
+    always (a run starting at a ``sin`` may stay eager; see
+    ``pejit._fold._batch.plan_batch``)."""
     if prim.name in CALLS:
         body = called_jaxpr(prim, params)
         return prim.name in _USER_CALLS and body is not None and _body_alone(body)
-    dtypes = [getattr(a.aval if isinstance(a, _compat.Var) else a, "dtype", None) for a in args]
-    return (not (_host.takes(prim, dtypes) if args else prim in _host.HOST_RULES)
-            and prim.name not in CUSTOM_CALLS and (eager or _unfused(prim, params))
+    return (prim not in _host.HOST_RULES and prim.name not in CUSTOM_CALLS and _unfused(prim, params)
             and _compat.has_lowering(prim, "cpu"))
 
 
@@ -381,9 +363,8 @@ def _body_alone(body) -> bool:
 
 
 def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
-    """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs,
-    if any (the batch evaluates it alone: see :func:`_compiled_alone`)."""
-    if not _compiled_alone(recipe.prim, recipe.params, args, eager=True):
+    """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs, if any."""
+    if not _compiled_alone(recipe.prim, recipe.params):
         return None
     kernel = _kernels.get(_key(recipe.prim, recipe.params, _specs(args)))
     return kernel if kernel is not None and kernel.ahead else None

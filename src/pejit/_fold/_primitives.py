@@ -77,10 +77,6 @@ CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call
 #: Call-like primitives, by name: fusible when everything they call is.
 CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 
-#: Calls whose body a batch evaluates equation by equation where it does not
-#: fuse them (``pejit._fold._batch.known_part_p``).
-EAGER_CALLS = frozenset(["known_part"])
-
 
 def custom_calls(jaxpr) -> int:
     """How many custom_jvp/custom_vjp calls ``jaxpr`` makes, its sub-jaxprs' included."""
