@@ -290,6 +290,29 @@ def test_while_a_fold_runs_each_array_is_checked_once():
     assert not finite(b) and len(calls) == 9  # the fold is over: nothing is kept
 
 
+def test_a_fold_on_another_thread_neither_ends_this_one_nor_outlives_it():
+    import threading
+
+    calls = []
+    finite = _host._remembered(lambda x: calls.append(1) or bool(np.isfinite(x).all()))
+    a = rng.standard_normal((64, 300))
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_fold():
+        with _host.remembering():
+            entered.set()
+            leave.wait()
+
+    other = threading.Thread(target=other_fold)
+    with _host.remembering():
+        other.start()
+        entered.wait()
+        assert finite(a) and finite(a) and len(calls) == 1
+    leave.set()  # the other fold ends after this one
+    other.join()
+    assert finite(a) and finite(a) and len(calls) == 3  # nothing left behind
+
+
 def test_the_checks_are_remembered_in_a_fold():
     from pejit import FoldOptions, pejit
 

@@ -32,6 +32,7 @@ fold rules are.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -97,8 +98,10 @@ def _distinct(x: np.ndarray) -> np.ndarray:
 
 
 #: What the checks below found out about arrays, while a fold runs (see
-#: :func:`remembering`); None outside one.
-_facts: dict | None = None
+#: :func:`remembering`); None outside one. A context variable, not a global:
+#: folds on two threads must not end each other's (one that ended last would
+#: leave the other's answers behind, for arrays the user may change).
+_facts: contextvars.ContextVar[dict | None] = contextvars.ContextVar("_facts", default=None)
 #: Arrays smaller than this are checked again: reading them costs less than remembering.
 REMEMBER_BYTES = 2**16
 
@@ -115,14 +118,12 @@ def remembering() -> Iterator[None]:
     holds, so what a check found stays true while the array lives; the
     user's arrays may change between folds, so nothing is kept past one.
     """
-    global _facts
-    outer = _facts
-    if outer is None:
-        _facts = {}
+    token = _facts.set({}) if _facts.get() is None else None
     try:
         yield
     finally:
-        _facts = outer
+        if token is not None:
+            _facts.reset(token)
 
 
 def _remembered(check: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], Any]:
@@ -133,7 +134,7 @@ def _remembered(check: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], An
 
     @functools.wraps(check)
     def remembered(x):
-        facts = _facts
+        facts = _facts.get()
         x = np.asarray(x)
         if facts is None or x.nbytes < REMEMBER_BYTES:
             return check(x)
