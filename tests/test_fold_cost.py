@@ -19,7 +19,7 @@ from pejit import _compat
 from pejit._fold import _host
 from pejit._fold._staging import trace_staging
 
-from ._util import cpu_devices, with_f32_products
+from ._util import cpu_devices, cpu_only, with_f32_products
 
 
 def many_constants(a, x, k):
@@ -207,6 +207,7 @@ def test_progress_bar(monkeypatch):
     assert len(bars) == 1 and bars[0].n == bars[0].total > 0
 
 
+@cpu_only  # the host rules compute these values; off the CPU, the device does
 def test_each_tiny_value_computed_while_tracing_is_put_on_the_device_once(monkeypatch):
     """Scalars that the trace computes on the spot become ``jax.Array``s once per value
     (TFC's WaveEquation2D made 687 of them, most of them zeros and ones)."""
