@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 from pejit import _compat, pejit
-from pejit._fold import _offload
+from pejit._fold import _host, _offload
 from pejit._residual import _linear
 
 from ._util import Compiles, cpu_only, x64
@@ -126,14 +126,16 @@ def test_broadcast_zeros_skip_the_work_and_infinities_do_not():
 def test_a_constant_times_unit_vectors_is_read_once_and_inf_still_spreads(entry, monkeypatch):
     """The build pushes its unit vectors a batch at a time through ``H @ x``:
     each batch is some columns of ``H`` (no BLAS), whose finiteness is read
-    once per build, not per batch; an infinity in ``H`` gives the NaN rows
+    once per build, not per batch (``H`` is large enough to be remembered:
+    see ``_host.remembering``); an infinity in ``H`` gives the NaN rows
     that multiplying by the identity's zeros gives."""
-    H = rng.standard_normal((5, 12))
+    H = rng.standard_normal((700, 12))
+    assert H.nbytes >= _host.REMEMBER_BYTES
     H[2, 7] = entry
     with x64():
         jaxpr, consts, sources = _region(lambda x: H @ x, jnp.zeros(12))  # H a constant of the region
-        reads, isfinite = [], np.isfinite
-        monkeypatch.setattr(np, "isfinite", lambda x: (reads.append(np.shape(x)), isfinite(x))[1])
+        reads, check = [], _host.all_finite.__wrapped__  # the check itself, as remembered
+        monkeypatch.setattr(_host, "all_finite", _host._remembered(lambda x: (reads.append(x.shape), check(x))[1]))
         with np.errstate(invalid="ignore"):
             (cols, _), = _linear.jacobian(jaxpr, consts, sources, batch=4)  # 3 batches of 4 unit vectors
     monkeypatch.undo()

@@ -294,8 +294,7 @@ def only_zeros(x: np.ndarray, budget: int) -> bool:
     return not x.any()
 
 
-def times_identity(a: np.ndarray, b: np.ndarray,
-                   finite: tuple[bool | None, bool | None] = (None, None)) -> np.ndarray | None:
+def times_identity(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """``a @ b`` where one of the matrices is rows (``a``) or columns
     (``b``) of an identity matrix: the matching rows or columns of the
     other, else None.
@@ -305,14 +304,13 @@ def times_identity(a: np.ndarray, b: np.ndarray,
     points and 1000 functions, the TFC PDE's collapse spent 14 s in such
     products). Each entry is ``x * 1`` plus zeros, exactly ``x``, unless
     the other matrix holds an infinity or a NaN (``inf * 0`` is NaN): then
-    it is None too (``finite`` says of ``a`` and ``b`` whether they are,
-    where that is known: not read again). ``+ 0`` gives the zero a sum
+    it is None too. ``+ 0`` gives the zero a sum
     gives, ``+0.0``: the other matrix's entries themselves where they hold
     no ``-0.0``.
     """
-    for unit, other, right, known in ((b, a, True, finite[0]), (a, b, False, finite[1])):
+    for unit, other, right in ((b, a, True), (a, b, False)):
         lo = _identity_rows(unit.T if right else unit)
-        if lo is not None and (all_finite(other) if known is None else known):
+        if lo is not None and all_finite(other):
             k = unit.shape[1] if right else unit.shape[0]
             part = other[:, lo:lo + k] if right else other[lo:lo + k]
             if _uniform(other):

@@ -286,8 +286,7 @@ def _dot_general(args, batched, *, dimension_numbers, **_):
     if any(_host.only_zeros(x, math.prod(shape) // 8) for x in (lhs, rhs)) and all(map(_host.all_finite, (lhs, rhs))):
         out = _zeros(shape, np.result_type(lhs, rhs))  # as in _with_zeros
     elif len(left) == 1:  # perhaps a seed of unit vectors
-        finite = (None if bl else _finite_constant(lhs), None if br else _finite_constant(rhs))
-        out = _host.times_identity(left[0], right[0], finite)
+        out = _host.times_identity(left[0], right[0])
     out = (np.matmul(left, right) if out is None else out).reshape(shape)
     if bl or br:  # the vmap axis to the front: it is the first free axis of its operand
         out = np.moveaxis(out, len(batch) + (0 if bl else len(lf)), 0)
@@ -413,26 +412,6 @@ def covers(eqns) -> bool:
     return _host.on_one_cpu() and all(map(covered, eqns))
 
 
-#: Per :func:`jacobian` call, by the ``id`` of each constant of the region
-#: (held by the call), whether it is finite (None: not read yet). Every batch
-#: of unit vectors multiplies the same constants by some of them, and a
-#: product with unit vectors is the constant's entries only where it is
-#: finite: at 15^3 points and 1000 functions, reading the 3375x1000 basis
-#: again for every batch took 2.7 s.
-_FINITE: contextvars.ContextVar[dict[int, bool | None] | None] = contextvars.ContextVar("_FINITE", default=None)
-
-
-def _finite_constant(x: np.ndarray) -> bool | None:
-    """Whether ``x``, (a view of) a constant of the region, is finite; None if it is not one."""
-    x = _host.root(x)
-    memo = _FINITE.get()
-    if memo is None or id(x) not in memo:
-        return None
-    if memo[id(x)] is None:
-        memo[id(x)] = bool(np.isfinite(x).all())
-    return memo[id(x)]
-
-
 def _collect(future, chunk, lo: int, hi: int) -> list[np.ndarray]:
     """A batch's columns from the worker, or computed here: where the worker
     has not started it, or met a value at zero that was not kept."""
@@ -444,6 +423,7 @@ def _collect(future, chunk, lo: int, hi: int) -> list[np.ndarray]:
     return chunk(lo, hi)[1]
 
 
+@_host.remembering()  # each batch of unit vectors reads the same constants: checked once (15^3: 2.7 s saved)
 def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> list[tuple[Any, Any]] | None:
     """``(columns, c)`` per output of ``sub``: the output is ``columns.T @ concat(sources, flattened) + c``.
 
@@ -478,7 +458,6 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
         return offsets, [np.zeros((hi - lo, v.size), v.dtype) if t is None else t.reshape(hi - lo, -1)
                          for v, t in zip(offsets, tans)]
 
-    finite = _FINITE.set({id(_host.root(c)): None for c in consts if isinstance(c, np.ndarray)})
     handed: dict[int, Any] = {}
     try:
         # shared with the worker thread where a second core runs it (NumPy's
@@ -499,7 +478,6 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     except _Unsupported:
         return None
     finally:
-        _FINITE.reset(finite)
         for future in handed.values():  # not needed now, where a batch failed
             future.cancel()
     return [(np.concatenate(cols), c) for cols, c in zip(zip(*columns), offsets)]
