@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pejit import FoldOptions, pejit
-from pejit._fold import _compiled
+from pejit._fold import _compiled, _offload
 
 from ._util import cpu_only
 from .test_batch import plan, scalar
@@ -47,6 +47,33 @@ def test_an_unrolled_chain_runs_as_one_loop():
 
     batches, _ = plan(f, scalar())
     assert [(b.backend, b.equations) for b in batches] == [("loop", 36)]
+    assert [key[0] for key in _compiled._programs] == ["loop"]
+    g = pejit(lambda a, x: f(x), constant_argnums=0)
+    close(g(A, 1.0), oracle_chain(A, 12)[0] + 1.0)
+
+
+@cpu_only  # the worker runs where JAX computes on one CPU device
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_chain_is_compiled_while_it_is_traced(ahead, monkeypatch):
+    # the loop's program does not depend on the chain's length: the trace has
+    # the worker compile it once it has recorded MIN_STEPS linked runs, and
+    # the batch that runs the chain compiles nothing (without: it does)
+    if not _offload.Kernels().enabled:
+        pytest.skip("one core: no worker to compile on")
+    if not ahead:
+        monkeypatch.setattr(_compiled.LoopsAhead, "record", lambda self, recipe: None)
+    A = constant()
+    _compiled.clear_programs()
+
+    def f(x):
+        c = A
+        for _ in range(12):
+            c = jnp.sin(c) * 1.001 + 0.5
+        return c + x
+
+    batches, _ = plan(f, scalar())
+    assert [(b.backend, b.equations) for b in batches] == [("loop", 36)]
+    assert (batches[0].compile_seconds == 0) is ahead
     assert [key[0] for key in _compiled._programs] == ["loop"]
     g = pejit(lambda a, x: f(x), constant_argnums=0)
     close(g(A, 1.0), oracle_chain(A, 12)[0] + 1.0)

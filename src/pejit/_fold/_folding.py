@@ -39,7 +39,7 @@ from jax.extend.core import Primitive
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from . import _abstract, _batch, _flops, _host, _offload, _progress, _values
+from . import _abstract, _batch, _compiled, _flops, _host, _offload, _progress, _values
 from ._batch import nbytes
 from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
@@ -111,6 +111,9 @@ class Folder:
         self._kernels = _offload.Kernels()
         self._early = early_kernels and options.backend in ("auto", "eager")
         self._warm = warm and options.backend in ("auto", "eager")
+        # an unrolled loop's compiled loop, compiled as the trace records it
+        ahead = self._early and options.backend == "auto" and self._kernels.enabled
+        self._loops = _compiled.LoopsAhead(_offload.compiled_ahead) if ahead else None
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
@@ -302,6 +305,7 @@ class Folder:
                     unfused.update(invars)
         needed.reverse()
         self._folds.clear()  # the trace is over: nothing is folded again
+        self._loops = None
         self._value_keys.clear()
         values = self._materialize(needed, final=True)
         self._kernels.close()
@@ -383,6 +387,8 @@ class Folder:
                 self._kernels.early(recipe)
             elif self._warm and not lazy:
                 self._kernels.warm(recipe)
+            if self._loops is not None and not lazy:
+                self._loops.record(recipe)
         if key is not None:
             self._folds[key] = (outs, tuple(args))  # the inputs, kept alive: their ids are in the key
             if prim in _SPREADS and outvars[0] is not None:

@@ -402,5 +402,13 @@ def _lower(prim, params, specs) -> _Kernel | None:
         return None
 
 
+def compiled_ahead(lowered) -> _Kernel:
+    """``lowered``, compiling on the worker from now: call it with its arguments
+    as one sequence (it waits for the compilation, or compiles here)."""
+    kernel = _Kernel(lowered)
+    kernel.compile_ahead()
+    return kernel
+
+
 def _bind(prim, params, *args):
     return prim.bind(*args, **params)
