@@ -129,3 +129,22 @@ def test_short_chains_and_non_chains_are_not_rolled():
 
     batches, _ = plan(f, scalar())
     assert "loop" not in {b.backend for b in batches}
+
+
+@cpu_only  # the cost model's CPU figures
+def test_a_chain_the_batch_runs_eagerly_is_not_compiled_ahead():
+    # twenty steps on a 256x256 constant: the intermediates stay in the cache
+    # and the steps are too few to pay a compilation, so the batch runs them
+    # eagerly, and the trace compiles no loop for them either
+    A = constant()[:256, :256]
+    _compiled.clear_programs()
+
+    def f(x):
+        c = A
+        for _ in range(20):
+            c = jnp.sin(c) * 1.001 + 0.5
+        return c + x
+
+    batches, _ = plan(f, scalar())
+    assert {b.backend for b in batches} == {"eager"}
+    assert not _compiled._programs

@@ -188,10 +188,8 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
                           if v is not None and 0 < reads[v] == inside[v] and nbytes(v.aval) > cached)
             copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
                 (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
-            saved = len(run) * DISPATCH_SECONDS + (traffic - copied) / bandwidth
-            cost = COMPILE_SECONDS + len(run) * COMPILE_SECONDS_PER_EQN
             alike_made.update(v for r in run for v in r.outvars)
-            if saved * alike[n] > cost or compiled[n]:
+            if compiled[n] or _pays(len(run), traffic - copied, alike[n], bandwidth):
                 segments.append(Segment("compiled", tuple(run), key))
                 continue
         if segments and segments[-1].backend == "eager":
@@ -201,6 +199,23 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
         if host:
             on_host.update(v for r in run if _host.covers_equation(r.prim, r.params) for v in r.outvars if v is not None)
     return segments if outputs is None else _roll(segments, reads, set(outputs))
+
+
+def _pays(equations: int, traffic: int, alike: int, bandwidth: float) -> bool:
+    """Whether compiling a run of ``equations`` that ``alike`` runs share pays, where
+    fusing it saves writing and reading ``traffic`` bytes (see :func:`plan_batch`)."""
+    saved = equations * DISPATCH_SECONDS + traffic / bandwidth
+    return saved * alike > COMPILE_SECONDS + equations * COMPILE_SECONDS_PER_EQN
+
+
+def compiled_alike(run: Sequence[Recipe], alike: int, platform: str = "cpu") -> bool:
+    """Whether :func:`plan_batch` would compile ``alike`` runs like ``run``, as
+    far as the run alone tells: its intermediates read in it alone, no NumPy
+    array among its inputs (what :class:`pejit._fold._compiled.LoopsAhead` asks
+    while the trace records an unrolled loop)."""
+    cached = CACHED_BYTES.get(platform, 0)
+    traffic = sum(nbytes(v.aval) for r in run[:-1] for v in r.outvars if v is not None and nbytes(v.aval) > cached)
+    return _pays(len(run), traffic, alike, BANDWIDTH.get(platform, DEFAULT_BANDWIDTH))
 
 
 def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]:

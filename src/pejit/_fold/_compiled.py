@@ -259,22 +259,28 @@ class LoopsAhead:
     """Compiles a chain's loop on the worker while the trace still records it.
 
     The loop's program (:func:`run_chain`) does not depend on the chain's
-    length, so it can be compiled as soon as the trace has recorded
-    :data:`MIN_STEPS` linked runs of one structure: the batch that evaluates
+    length, so it can be compiled as soon as the trace has recorded enough
+    linked runs of one structure to roll and compile: the batch that evaluates
     the chain then finds it compiled, where it would otherwise compile it
     first (35-60 ms of the 0.35 s fold of ``K = 1000`` steps of
     ``sin(c) * 1.001 + 0.5`` on a 256x256 constant). The trace cuts runs
-    as :func:`pejit._fold._batch.plan_batch` does, and guesses the rest
-    (that the runs are compiled, that only the carry is read after the
-    chain): a wrong guess costs the worker a compilation, nothing else.
+    as :func:`pejit._fold._batch.plan_batch` does and asks its cost model,
+    and guesses the rest (that nothing but the carry is read outside the
+    steps): a wrong guess costs the worker a compilation, nothing else.
     Call :meth:`record` with each recipe the trace records, in order;
     ``ahead(lowered)`` starts compiling a program on the worker, and calling
     what it returns with the program's arguments (as one sequence) runs it
-    (:func:`pejit._fold._offload.compiled_ahead`).
+    (:func:`pejit._fold._offload.compiled_ahead`); ``pays(run, steps)`` says
+    whether the batch would compile that many runs like ``run``
+    (:func:`pejit._fold._batch.compiled_alike`): the compilation starts at
+    the step where it would.
     """
 
-    def __init__(self, ahead: Callable[[Any], Callable[[Sequence[Any]], Any]]):
+    def __init__(self, ahead: Callable[[Any], Callable[[Sequence[Any]], Any]],
+                 pays: Callable[[Sequence[Any], int], bool]):
         self._ahead = ahead
+        self._pays = pays
+        self._begun = False  # whether the chain being recorded has its loop compiling
         self._run: list = []  # the run being recorded
         self._kinds: dict[Any, tuple[bool, bool]] = {}  # as plan_batch's
         self._chain: tuple[Any, dict] | None = None  # (first step, carry) of the chain being recorded
@@ -297,23 +303,24 @@ class LoopsAhead:
 
     def _ended(self, run: list) -> None:
         last, self._last = self._last, run if len(run) > 1 else None
-        if self._steps >= MIN_STEPS and self._last is not None and len(run) == len(last) and all(
+        if self._begun and self._last is not None and len(run) == len(last) and all(
                 x.prim is y.prim for x, y in zip(last, run)):
-            return  # the chain goes on, its loop started: followed cheaply (a step per run)
+            return  # the chain goes on, its loop compiling: followed cheaply (a step per run)
         if last is None or self._last is None or not _alike(last, run):
-            self._chain, self._steps = None, 0
+            self._chain, self._steps, self._begun = None, 0, False
             return
         carry = _link(last, run)
         if not carry or (self._chain is not None and carry != self._chain[1]):
-            self._chain, self._steps = None, 0
+            self._chain, self._steps, self._begun = None, 0, False
             return
         if self._chain is None:
             if not _starts(last, carry) or any(isinstance(a, _compat.Tracer) for r in last for a in r.args):
                 return
             self._chain, self._steps = (last, carry), 1
         self._steps += 1
-        if self._steps == MIN_STEPS:
+        if self._steps >= MIN_STEPS and self._pays(run, self._steps):
             self._compile(*self._chain)
+            self._begun = True
 
     def _compile(self, first: list, carry: dict) -> None:
         """Lower the chain's loop here (under this thread's configuration) and

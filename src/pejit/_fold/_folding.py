@@ -113,7 +113,7 @@ class Folder:
         self._warm = warm and options.backend in ("auto", "eager")
         # an unrolled loop's compiled loop, compiled as the trace records it
         ahead = self._early and options.backend == "auto" and self._kernels.enabled
-        self._loops = _compiled.LoopsAhead(_offload.compiled_ahead) if ahead else None
+        self._loops = _compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike) if ahead else None
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
