@@ -4,6 +4,8 @@ again exactly where ``jax.jit`` traces again; the cache is bounded in bytes."""
 
 import dataclasses
 import functools
+import os
+import sys
 import warnings
 from typing import NamedTuple
 
@@ -243,3 +245,51 @@ def test_a_pytree_constant_is_memoized_and_its_changes_are_seen():
     d["more"] = np.ones(2)
     np.testing.assert_allclose(f(d, x), _inv(2 * A, x) * 3.0, rtol=1e-5)
     assert f.cache_info().misses == 4
+
+
+# -- the TFC form's call -----------------------------------------------------------
+def _pejit_frames(call) -> set[str]:
+    """The files of pejit's Python functions that ``call()`` runs (its generated dispatch included)."""
+    root, files = os.path.dirname(pejit.__file__), set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            files.add(frame.f_code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return files
+
+
+@pytest.mark.parametrize("kind", ["jax.Array", "read-only NumPy"])
+def test_the_tfc_form_with_fixed_small_constants_calls_without_python(kind):
+    # TFC's grids are read-only NumPy views of jax.Arrays: nobody can change
+    # them, so the call is jax.jit's alone, the residual compiled into it
+    S = A if kind == "jax.Array" else np.asarray(A)
+    f = pj(S, x, constant_arg_nums=[0])(_inv)
+    np.testing.assert_allclose(f(x), _inv(A, x), rtol=1e-5)
+    assert _pejit_frames(lambda: f(2 * x)) == set()
+    np.testing.assert_allclose(f(2 * x), _inv(A, 2 * x), rtol=1e-5)
+    X = jnp.stack([x, 3 * x], axis=1)  # a new type: traced again, specialized inside
+    np.testing.assert_allclose(f(X), _inv(A, X), rtol=1e-5)
+    np.testing.assert_allclose(jax.vmap(f)(X.T), _inv(A, X).T, rtol=1e-5)
+    with pytest.raises(TypeError, match="takes 1 positional argument"):
+        f(x, x)
+
+
+@pytest.mark.parametrize("kind", ["writable NumPy", "large"])
+def test_the_tfc_form_checks_its_constants_in_python_when_it_must(kind):
+    # a writable NumPy constant can change between calls (the memo checks its
+    # bytes); large folded constants are not copied into the program
+    if kind == "large":
+        S = jnp.eye(600) + 0.01 * jnp.ones((600, 600))  # its inverse: 1.4 MB
+        v = jnp.ones(600)
+    else:
+        S, v = np.asarray(A).copy(), x
+    f = pj(S, v, constant_arg_nums=[0])(_inv)
+    f(v)
+    assert _pejit_frames(lambda: f(v))
+    np.testing.assert_allclose(f(v), _inv(S, v), rtol=1e-4)
