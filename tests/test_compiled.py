@@ -38,19 +38,15 @@ def test_an_unrolled_chain_runs_as_one_loop(ahead, monkeypatch):
     # twelve (sin, *, +) runs, each reading the one before: one compiled
     # fori_loop over the run's equations, one program, and the chain's values.
     # The program does not depend on the chain's length: where a worker runs,
-    # the trace has it compiled once it has recorded MIN_STEPS linked runs,
-    # and the batch compiles nothing (without that: it does)
+    # the trace has it compiled once it has recorded as many linked runs as the
+    # batch's cost model compiles, and the batch compiles nothing (without
+    # that: it does)
     if not ahead:
         monkeypatch.setattr(_compiled.LoopsAhead, "record", lambda self, recipe: None)
     A = constant()
     _compiled.clear_programs()
 
-    def f(x):
-        c = A
-        for _ in range(12):
-            c = jnp.sin(c) * 1.001 + 0.5
-        return c + x
-
+    f = _sin_chain(A, 12)
     batches, _ = plan(f, scalar())
     assert [(b.backend, b.equations) for b in batches] == [("loop", 36)]
     assert (batches[0].compile_seconds == 0) is (ahead and _offload.Kernels().enabled)
@@ -139,12 +135,18 @@ def test_a_chain_the_batch_runs_eagerly_is_not_compiled_ahead():
     A = constant()[:256, :256]
     _compiled.clear_programs()
 
+    batches, _ = plan(_sin_chain(A, 20), scalar())
+    assert {b.backend for b in batches} == {"eager"}
+    assert not _compiled._programs
+
+
+def _sin_chain(A, steps: int):
+    """``x`` plus ``steps`` steps of ``sin(c) * 1.001 + 0.5`` from ``c = A``."""
+
     def f(x):
         c = A
-        for _ in range(20):
+        for _ in range(steps):
             c = jnp.sin(c) * 1.001 + 0.5
         return c + x
 
-    batches, _ = plan(f, scalar())
-    assert {b.backend for b in batches} == {"eager"}
-    assert not _compiled._programs
+    return f
