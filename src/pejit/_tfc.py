@@ -38,9 +38,10 @@ class BoundPejitted:
     are small (:data:`INLINE_BYTES`), the call is one ``jax.jit`` function of
     the non-constant arguments, the residual inside with its constants
     compiled in: ``jax.jit``'s C++ dispatch alone, no Python on the way
-    (TFC's PDE step at 6^3 points: 0.87-0.98x the hand-folded ``M @ xi + c``
+    (TFC's PDE step at 6^3 points: 0.92-1.01x the hand-folded ``M @ xi + c``
     per call, where the generated dispatch of :func:`pejit._jit.bound_dispatch`
-    costs 1.2-1.3x). A new type traces it again, and that trace specializes.
+    costs 1.31-1.34x; bench case 15). A new type traces it again, and that
+    trace specializes.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -75,7 +76,7 @@ class BoundPejitted:
             self._call.__name__ = self._call.__qualname__ = getattr(self, "__name__", type(fun).__name__)
             self._call = jax.jit(self._call)
 
-    # Like ``Pejitted``'s: the call is one generated function (C-level property).
+    # Like ``Pejitted``'s: the call is one generated (or jax.jit) function (C-level property).
     __call__ = property(operator.attrgetter("_call"))
 
     def _full(self, args: tuple, kwargs: dict | None = None) -> tuple:
