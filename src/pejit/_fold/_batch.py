@@ -46,7 +46,7 @@ from jax.interpreters import mlir
 
 from .. import _compat
 from . import _abstract, _compiled, _host, _offload, _refold, _trim
-from ._primitives import called_jaxpr, fused_first, fusible
+from ._primitives import called_jaxpr
 from ._values import nbytes
 
 # -- the cost model (seconds, bytes per second) ------------------------------
@@ -161,9 +161,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
     kinds: dict[tuple, tuple[bool, bool]] = {}  # (primitive, body) -> (fuses, starts a run)
     for r in recipes:
-        kind = (r.prim, id(called_jaxpr(r.prim, r.params)))  # the recipes hold the bodies
-        fuses, first = kinds.get(kind) or kinds.setdefault(kind, (
-            fusible(r.prim, r.params) and _compat.has_lowering(r.prim, platform), fused_first(r.prim, r.params)))
+        fuses, first = _compiled.fusion_kind(kinds, r.prim, r.params, platform)
         if not fuses:
             runs.append((False, [r]))
         elif runs and runs[-1][0] and not first:

@@ -72,6 +72,15 @@ def _program(key, function, args: Sequence[Any], compiling: list[float] | None):
     return program(*args)
 
 
+def fusion_kind(kinds: dict, prim, params, platform: str = "cpu") -> tuple[bool, bool]:
+    """Whether an equation of ``prim`` joins a fused run, and whether it starts
+    one (as :func:`pejit._fold._batch.plan_batch` cuts runs), memoized in
+    ``kinds`` by primitive and body."""
+    kind = (prim, id(called_jaxpr(prim, params)))  # the recipes hold the bodies
+    return kinds.get(kind) or kinds.setdefault(kind, (
+        fusible(prim, params) and _compat.has_lowering(prim, platform), fused_first(prim, params)))
+
+
 def known(key) -> bool:
     """Whether a program for a run of this structure (see :func:`run_key`) is compiled."""
     return key in _programs
@@ -282,17 +291,14 @@ class LoopsAhead:
         self._pays = pays
         self._begun = False  # whether the chain being recorded has its loop compiling
         self._run: list = []  # the run being recorded
-        self._kinds: dict[Any, tuple[bool, bool]] = {}  # as plan_batch's
+        self._kinds: dict[Any, tuple[bool, bool]] = {}  # see fusion_kind
         self._chain: tuple[Any, dict] | None = None  # (first step, carry) of the chain being recorded
         self._last: list | None = None  # the last run ended, if fusible
         self._steps = 0
         self._started: set = set()
 
     def record(self, recipe) -> None:
-        prim, params = recipe.prim, recipe.params
-        kind = (prim, id(called_jaxpr(prim, params)))
-        fuses, first = self._kinds.get(kind) or self._kinds.setdefault(kind, (
-            fusible(prim, params) and _compat.has_lowering(prim, "cpu"), fused_first(prim, params)))
+        fuses, first = fusion_kind(self._kinds, recipe.prim, recipe.params)
         if fuses and self._run and not first:
             self._run.append(recipe)
             return
