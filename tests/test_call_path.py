@@ -291,6 +291,19 @@ def test_the_tfc_form_with_fixed_small_constants_calls_without_python(kind):
         f(x, x)
 
 
+@pytest.mark.parametrize("mode", ["inv", None, b"inv"])
+def test_the_tfc_form_with_string_and_none_constants_calls_without_python(mode):
+    # str, bytes and None cannot change either (the memo holds them as it
+    # holds scalars): the call is jax.jit's alone
+    def solve(S, mode, x):
+        return _inv(S, x) if mode else _inv(2 * S, x)
+
+    f = pj(A, mode, x, constant_arg_nums=[0, 1])(solve)
+    np.testing.assert_allclose(f(x), solve(A, mode, x), rtol=1e-5)
+    assert _pejit_frames(lambda: f(2 * x)) == set()
+    np.testing.assert_allclose(f(2 * x), solve(A, mode, 2 * x), rtol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["writable NumPy", "large"])
 def test_the_tfc_form_checks_its_constants_in_python_when_it_must(kind):
     # a writable NumPy constant can change between calls (the memo checks its

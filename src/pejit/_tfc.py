@@ -19,7 +19,7 @@ import numpy as np
 from . import _compat
 from ._calls import _argnums, _errors
 from ._calls._argnums import interleave
-from ._calls._keys import immutable
+from ._calls._keys import unchangeable
 from ._calls._program import Specialization
 from ._calls._stages import Lowered, Traced
 from ._jit import Pejitted, bound_dispatch, dynamic_function
@@ -34,8 +34,8 @@ class BoundPejitted:
     noticed, never used stale.
 
     Its constants never change, so when nobody can write them (``jax.Array``,
-    read-only NumPy arrays as TFC's grids are, scalars) and the folded ones
-    are small (``pejit._tfc.INLINE_BYTES``, 1 MiB), the call is one
+    read-only NumPy arrays as TFC's grids are, scalars, strings, None) and
+    the folded ones are small (``pejit._tfc.INLINE_BYTES``, 1 MiB), the call is one
     ``jax.jit`` function of the non-constant arguments, the residual inside
     with its constants compiled in: ``jax.jit``'s C++ dispatch alone, no
     Python on the way (TFC's PDE step at 6^3 points: 0.92-1.01x the
@@ -126,14 +126,10 @@ def _inlinable(info, constants: dict, folded: list) -> bool:
     the ``folded`` ones are small arrays on one device of this process."""
     plain = (info.fixed_nums == frozenset(constants) and not (info.fixed_names or info.donate_nums or info.donate_names)
              and not info.jit_kwargs and info.constant_shardings is None)
-    fixed = all(type(c) is _compat.ArrayImpl or (immutable(c) if type(c) is np.ndarray else isinstance(c, _SCALARS))
-                for c in constants.values())
+    fixed = all(map(unchangeable, constants.values()))
     local = all(type(c) is np.ndarray or (type(c) is _compat.ArrayImpl and c.is_fully_addressable
                                           and len(c.sharding.device_set) == 1) for c in folded)
     return plain and fixed and local and sum(c.nbytes for c in folded) <= INLINE_BYTES
-
-
-_SCALARS = (int, float, complex, bool, np.generic)
 
 
 def core_call(bound: BoundPejitted, args: tuple, kwargs: dict | None = None) -> tuple[Pejitted, list]:

@@ -29,7 +29,7 @@ import numpy as np
 from .. import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
-from ._keys import OtherSignature, immutable, same_constant, unchanged
+from ._keys import IMMUTABLE_SCALARS, OtherSignature, immutable, same_constant, unchanged
 
 
 class Layout(NamedTuple):
@@ -123,11 +123,6 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     return namespace["dispatch"]
 
 
-#: Constants a memo may hold and recognize by identity: immutable values
-#: (with NumPy arrays, whose contents the memo's guard checks).
-_HELD = (int, float, complex, bool, str, bytes, type(None), np.generic)
-
-
 def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple:
     """The memo of a call: its constants' identities, what it holds, its guard, and ``call``.
 
@@ -149,7 +144,7 @@ def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple
         held.append(c)
         if type(c) is np.ndarray:
             arrays.append(c)
-        elif not isinstance(c, _HELD):
+        elif not isinstance(c, IMMUTABLE_SCALARS):
             trees.append((i, c, k))
     guard = unchanged(arrays)
     if trees:

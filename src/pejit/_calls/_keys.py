@@ -148,6 +148,19 @@ def immutable(a: np.ndarray) -> bool:
     return a is None or isinstance(a, (bytes, jax.Array))
 
 
+#: Constants whose value nobody can change once made, recognized by identity
+#: wherever something holds them (so that their ids stay theirs).
+IMMUTABLE_SCALARS = (int, float, complex, bool, str, bytes, type(None), np.generic)
+
+
+def unchangeable(c: Any) -> bool:
+    """Whether nobody can change constant ``c``: a ``jax.Array``, a NumPy
+    array that is :func:`immutable`, or one of :data:`IMMUTABLE_SCALARS`."""
+    if type(c) is np.ndarray:
+        return immutable(c)
+    return type(c) is _compat.ArrayImpl or isinstance(c, IMMUTABLE_SCALARS)
+
+
 def watched(leaves: list[Any]) -> list[Any]:
     """The leaves a value key holds by identity: the cache watches them."""
     return [
