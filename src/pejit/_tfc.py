@@ -35,10 +35,10 @@ class BoundPejitted:
 
     Its constants never change, so when nobody can write them (``jax.Array``,
     read-only NumPy arrays as TFC's grids are, scalars, strings, None) and
-    the folded ones are small (``pejit._tfc.INLINE_BYTES``, 1 MiB), the call is one
-    ``jax.jit`` function of the non-constant arguments, the residual inside
-    with its constants compiled in: ``jax.jit``'s C++ dispatch alone, no
-    Python on the way (TFC's PDE step at 6^3 points: 0.92-1.01x the
+    the folded ones are small (``pejit._tfc.INLINE_BYTES``, 1 MiB), the call
+    is one ``jax.jit`` function of the non-constant arguments, the residual
+    inside with its constants compiled in: ``jax.jit``'s C++ dispatch alone,
+    no Python on the way (TFC's PDE step at 6^3 points: 0.92-1.01x the
     hand-folded ``M @ xi + c`` per call, where the generated dispatch,
     ``pejit._jit.bound_dispatch``, costs 1.31-1.34x; bench case 15). A new
     type traces it again, and that trace specializes.

@@ -29,7 +29,7 @@ import numpy as np
 from .. import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
-from ._keys import IMMUTABLE_SCALARS, OtherSignature, immutable, same_constant, unchanged
+from ._keys import IMMUTABLE_SCALARS, OtherSignature, fixed_array, same_constant, unchanged
 
 
 class Layout(NamedTuple):
@@ -139,7 +139,7 @@ def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple
     consts = [args[i] for i in layout.const]
     held, arrays, trees = [], [], []
     for i, c, k in zip(layout.const, consts, constants):
-        if type(c) is _compat.ArrayImpl or (type(c) is np.ndarray and immutable(c)):
+        if fixed_array(c):
             continue  # watched by the entry
         held.append(c)
         if type(c) is np.ndarray:

@@ -153,12 +153,16 @@ def immutable(a: np.ndarray) -> bool:
 IMMUTABLE_SCALARS = (int, float, complex, bool, str, bytes, type(None), np.generic)
 
 
+def fixed_array(c: Any) -> bool:
+    """Whether ``c`` is an array nobody can change: a ``jax.Array``, or a
+    NumPy array that is :func:`immutable` (the cache can watch either)."""
+    return type(c) is _compat.ArrayImpl or (type(c) is np.ndarray and immutable(c))
+
+
 def unchangeable(c: Any) -> bool:
-    """Whether nobody can change constant ``c``: a ``jax.Array``, a NumPy
-    array that is :func:`immutable`, or one of :data:`IMMUTABLE_SCALARS`."""
-    if type(c) is np.ndarray:
-        return immutable(c)
-    return type(c) is _compat.ArrayImpl or isinstance(c, IMMUTABLE_SCALARS)
+    """Whether nobody can change constant ``c``: a :func:`fixed_array`, or one
+    of :data:`IMMUTABLE_SCALARS`."""
+    return fixed_array(c) or isinstance(c, IMMUTABLE_SCALARS)
 
 
 def watched(leaves: list[Any]) -> list[Any]:
