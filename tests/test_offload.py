@@ -297,3 +297,48 @@ def test_the_answer_for_a_call_body_does_not_keep_it_alive():
     del body
     gc.collect()
     assert dead() is None
+
+
+@cpu_only  # the worker runs only beside the CPU back end
+@two_cores
+@pytest.mark.parametrize("kind", ["jax.Array", "NumPy"])
+def test_the_call_time_form_starts_kernels_on_constants_while_its_folding_program_is_traced(monkeypatch, kind):
+    """As the TFC form's concrete trace does: TFC's basis on its grid starts
+    on the worker beside the trace, and the first value's batch takes each
+    result where an equation computes the same, instead of computing it."""
+    handed = []
+    first_value = FoldingProgram.first_value
+
+    def watched(self, *arrays, kernels=None, **kwargs):
+        _offload._pool().submit(lambda: None).result()  # what the trace handed out is done
+        handed.append(len(kernels._by_inputs))
+        return first_value(self, *arrays, kernels=kernels, **kwargs)
+
+    monkeypatch.setattr(FoldingProgram, "first_value", watched)
+    ran_on = []
+    call = _offload._Kernel.__call__
+
+    def run_watched(self, args):
+        if "exponential" in self._lowered.as_text():
+            ran_on.append(threading.current_thread().name)
+        return call(self, args)
+
+    monkeypatch.setattr(_offload._Kernel, "__call__", run_watched)
+    def as_kind(c):
+        if kind == "jax.Array":
+            return jnp.asarray(c)
+        c = np.array(c)
+        c.setflags(write=False)  # known by identity, as a jax.Array is
+        return c
+
+    A, B = map(as_kind, constants())
+    x = jnp.ones(SIZE, jnp.float32)
+    impl_calls.clear()
+    g = pejit(f, constant_argnums=(0, 1))
+    np.testing.assert_array_equal(g(A, B, x), expected(A, B, x))
+    assert handed == [2]  # both kernels, while traced
+    assert ran_on == ["pejit-kernels_0"] * 2 and impl_calls == []  # each once, on the worker, none again
+    spec = g.specialize(A, B, x)
+    assert spec.program.folding_program is not None and g.report(A, B, x).fallbacks == ()
+    A2, B2 = as_kind(-A), as_kind(B + 1)  # another value: the folding program's, compiled
+    np.testing.assert_allclose(g(A2, B2, x), expected(A2, B2, x), rtol=1e-6)

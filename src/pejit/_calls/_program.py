@@ -22,7 +22,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
 
 from .. import _compat
-from .._fold import _batch
+from .._fold import _batch, _offload
 from ._keys import OtherSignature
 from .._fold._stats import FoldStats
 from .._fold._primitives import CUSTOM_CALLS
@@ -86,13 +86,15 @@ class FoldingProgram:
         self.residual: Jaxpr | None = None
         self.share: SharePlan | None = None
 
-    def evaluate(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
+    def evaluate(self, *arrays, keep: Callable | None = None, tick: Callable | None = None,
+                 kernels: _offload.Kernels | None = None) -> list:
         """Evaluate the program's jaxpr on ``arrays`` without compiling it whole.
 
         One batch of the folding back end (:func:`pejit._fold._batch.evaluate_jaxpr`):
         op by op or by compiled segments, each intermediate freed after its
         last use; ``keep`` sees each folded constant as it is produced,
-        ``tick`` the equations evaluated.
+        ``tick`` the equations evaluated; ``kernels``, those handed out
+        while the program was traced (see :meth:`pejit._fold._offload.Kernels.given`).
         """
         backend = "eager" if self.backend == "compiled" else self.backend
         # as the compiled program takes them: a float64 NumPy constant is
@@ -100,14 +102,15 @@ class FoldingProgram:
         arrays = [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype
                   else a for a, aval in zip(arrays, self.traced.jaxpr.in_avals)]
         segments: list[_batch.BatchInfo] = []
-        out = _batch.evaluate_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments)
+        out = _batch.evaluate_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments, kernels)
         for seg in segments:  # where the first value's time goes (the bench's fold breakdown reads these)
             _logger.debug("folding program: first value, %d equations (%s), %.1f MiB written, %.3g s"
                           " (%.3g s compiling)", seg.equations, seg.backend, seg.out_bytes / 2**20, seg.seconds,
                           seg.compile_seconds)
         return out
 
-    def first_value(self, *arrays, keep: Callable | None = None, tick: Callable | None = None) -> list:
+    def first_value(self, *arrays, keep: Callable | None = None, tick: Callable | None = None,
+                    kernels: _offload.Kernels | None = None) -> list:
         """The folded constants of the first value (see the class docstring)."""
         if self._compilable and (self.backend == "compiled" or (
             self.backend == "auto" and _batch.one_program_pays(self.traced.jaxpr.eqns)
@@ -116,7 +119,7 @@ class FoldingProgram:
             if tick is not None:
                 tick(len(self.traced.jaxpr.eqns))
             return consts
-        return self.evaluate(*arrays, keep=keep, tick=tick)
+        return self.evaluate(*arrays, keep=keep, tick=tick, kernels=kernels)
 
     def __call__(self, *arrays) -> list:
         if self.compiled is None and self._compilable:

@@ -149,6 +149,9 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
     statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
     traced: dict[str, Any] = {}
     out_trees: list = []
+    # kernels on the constants alone (TFC's basis on its grid) start on the
+    # first value while the trace records them, as in a concrete trace
+    kernels = _offload.Kernels()
 
     def folding_program(*array_leaves):
         it = iter(array_leaves)
@@ -161,9 +164,9 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
 
         traced_fun.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
         traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
-        residual = fold(
-            traced_fun, avals, info.fold_options, name=info.name, abstract=True, progress=progress
-        )
+        with kernels.given(array_leaves, arrays):
+            residual = fold(traced_fun, avals, info.fold_options, name=info.name, abstract=True, progress=progress,
+                            kernels=kernels)
         traced["jaxpr"] = residual.open_jaxpr()
         traced["nconsts"] = len(residual.consts)
         traced["stats"] = residual.stats
@@ -171,29 +174,27 @@ def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tr
 
     progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
     try:
-        with progress.stage("trace"):
-            program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
-    except ClosedOverTracer:  # no value would help
-        progress.close()
-        raise
-    except Exception as e:  # the trace needed a constant's value
-        progress.close()
-        first_line = (str(e).splitlines() or [""])[0]
-        return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-    reason = why_per_value(traced["jaxpr"], traced["traces"])
-    if reason is not None:
-        progress.close()
-        return PerValue(reason), None
-    # Uniform and equal constants are kept small as they are produced (see
-    # pejit._fold._values), unless they must keep the placement asked for.
-    keep = Compactor() if info.constant_shardings is None else None
-    run = runner_ahead(info, layout, traced["jaxpr"], traced["nconsts"], out_trees[-1], in_tree, avals)
-    try:
+        try:
+            with progress.stage("trace"):
+                program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
+        except ClosedOverTracer:  # no value would help
+            raise
+        except Exception as e:  # the trace needed a constant's value
+            first_line = (str(e).splitlines() or [""])[0]
+            return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
+        reason = why_per_value(traced["jaxpr"], traced["traces"])
+        if reason is not None:
+            return PerValue(reason), None
+        # Uniform and equal constants are kept small as they are produced (see
+        # pejit._fold._values), unless they must keep the placement asked for.
+        keep = Compactor() if info.constant_shardings is None else None
+        run = runner_ahead(info, layout, traced["jaxpr"], traced["nconsts"], out_trees[-1], in_tree, avals)
         progress.expect(len(program.traced.jaxpr.eqns))
         with progress.stage("fold"):
-            consts = program.first_value(*arrays, keep=keep, tick=progress.advance)
+            consts = program.first_value(*arrays, keep=keep, tick=progress.advance, kernels=kernels)
     finally:
         progress.close()
+        kernels.close()  # what the first value did not take (see Kernels.given)
     program.residual = traced["jaxpr"]
     unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
     return shared_program(info, layout, in_tree, unshared, consts, run)

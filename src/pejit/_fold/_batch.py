@@ -366,6 +366,7 @@ def run_batch(
 def evaluate_jaxpr(
     closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,
+    kernels: _offload.Kernels | None = None,
 ) -> list[Any]:
     """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
 
@@ -375,7 +376,8 @@ def evaluate_jaxpr(
     ``keep`` sees each output as soon as it is produced. A program with a
     call that binds Python functions (a ``custom_jvp``/``custom_vjp`` call)
     is evaluated by JAX's interpreter instead, op by op. ``segments`` gets
-    how each segment was evaluated (where the first value's time goes).
+    how each segment was evaluated (where the first value's time goes);
+    ``kernels``, those handed out before (see :mod:`pejit._fold._offload`).
     """
     jaxpr = closed_jaxpr.jaxpr
     keep = keep or (lambda x: x)
@@ -397,7 +399,7 @@ def evaluate_jaxpr(
     kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
     plan = plan_batch(recipes, backend, jax.default_backend(), outputs)
     timings: list[tuple[float, float]] = []
-    values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept))
+    values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept, kernels=kernels))
     if segments is not None:
         segments.extend(BatchInfo(0, seg.backend, len(seg.recipes), sum(r.out_bytes() for r in seg.recipes),
                                   Counter(r.prim.name for r in seg.recipes), seconds, compiling)

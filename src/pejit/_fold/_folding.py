@@ -82,7 +82,7 @@ class Folder:
     stores_unfused: bool = True
 
     def __init__(self, options: FoldOptions = FoldOptions(), progress: _progress.Progress | None = None,
-                 early_kernels: bool = True, warm: bool = True):
+                 early_kernels: bool = True, warm: bool = True, kernels: _offload.Kernels | None = None):
         self.options = options
         self.progress = progress or _progress.Progress("fold", False)
         self.stats = FoldStats()
@@ -107,12 +107,15 @@ class Folder:
         self._puts: dict[tuple, Any] = {}  # tiny values computed on the spot (see _host.to_jax_once)
         self._uniform_vars: dict[Any, tuple] = {}
         # kernels on concrete inputs start on a worker as they are recorded
-        # (see pejit._fold._offload), where eager batches take them
-        self._kernels = _offload.Kernels()
-        self._early = early_kernels and options.backend in ("auto", "eager")
+        # (see pejit._fold._offload), where eager batches take them; given
+        # ``kernels`` (a folding program's, knowing its first value) go on
+        # after the trace, and their owner closes them
+        self._own_kernels = kernels is None
+        self._kernels = _offload.Kernels() if kernels is None else kernels
+        self._early = (early_kernels or kernels is not None) and options.backend in ("auto", "eager")
         self._warm = warm and options.backend in ("auto", "eager")
         # an unrolled loop's compiled loop, compiled as the trace records it
-        ahead = self._early and options.backend == "auto" and self._kernels.enabled
+        ahead = early_kernels and self._early and self._kernels.enabled and options.backend == "auto"
         self._loops = _compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike) if ahead else None
 
     def child(self) -> Folder:
@@ -308,7 +311,8 @@ class Folder:
         self._loops = None
         self._value_keys.clear()
         values = self._materialize(needed, final=True)
-        self._kernels.close()
+        if self._own_kernels:
+            self._kernels.close()
         kept.reverse()
         n = len(consts)
         invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
@@ -360,6 +364,7 @@ class Folder:
 
     # -- deferred evaluation ---------------------------------------------
     def _record(self, trace, prim, args, params, *, lazy: bool):
+        concrete = args
         if not lazy:
             concrete = [self._uniform_value(a) for a in args]
             if not any(isinstance(a, _compat.Tracer) for a in concrete):
@@ -384,7 +389,7 @@ class Folder:
             recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy)
             self._recipes.update((v, recipe) for v in outvars if v is not None)
             if self._early and not lazy:
-                self._kernels.early(recipe)
+                self._kernels.early(recipe, [self._var(a) or a for a in concrete])
             elif self._warm and not lazy:
                 self._kernels.warm(recipe)
             if self._loops is not None and not lazy:

@@ -13,7 +13,8 @@ the second core idle.
 Compiled, such a kernel runs in XLA without the GIL, and NumPy's loops
 release it too. So :class:`Kernels` hands each kernel to one worker thread
 as soon as its inputs are known: while the trace records it, if they are
-concrete then, else when the batch has computed them (:class:`Ahead`), in
+concrete then (a folding program's constants count, by their first value:
+:meth:`Kernels.given`), else when the batch has computed them (:class:`Ahead`), in
 the batch's order, while the results not yet read stay under
 :data:`AHEAD_BYTES`. The batch takes each result where the equation stands,
 and computes the kernels the worker has not started while it waits. The
@@ -34,11 +35,13 @@ after a 0.13 s trace; the worker now compiles them during it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import functools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -54,6 +57,7 @@ from ._primitives import (
     fusible,
     params_key,
 )
+from ._values import value_key
 
 #: Bytes of results handed out and not yet read by the batch: how far the
 #: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
@@ -89,6 +93,32 @@ class Kernels:
         self._handed: dict[Any, _Handed] = {}
         self._waiting = {True: 0, False: 0}  # by early: bytes handed out, not read yet
         self._puts: dict[tuple, Any] = {}  # small NumPy inputs (see _host.to_jax_once)
+        # by id, a folding program's abstract constants -> their first value
+        # while it is traced (see given); the recipes handed out on them, by
+        # what they compute; and those values, held so that an id stays theirs
+        self._given: dict[int, Any] | None = None
+        self._by_inputs: dict[tuple, Any] = {}
+        self._held: list = []
+
+    @contextlib.contextmanager
+    def given(self, tracers: Sequence[Any], values: Sequence[Any]) -> Iterator[None]:
+        """Within, the abstract constants of a folding program's trace
+        (``pejit._calls._specializer.trace_program``) have these first values:
+        a kernel on them starts as the trace records it, as on concrete
+        constants. The first value's batch, whose equations are other
+        recipes, takes its result where an equation computes the same:
+        same primitive, parameters and inputs (by
+        :func:`pejit._fold._values.value_key`). TFC's basis ``H`` reads the
+        coordinates alone: its kernels ran during the TFC form's concrete
+        trace, and during the call-time form's first value, on cores the
+        batch needs. The tracers are not kept (a residual must not keep its
+        folding trace alive)."""
+        self._given = {id(t): v for t, v in zip(tracers, values)}
+        self._held.extend(values)
+        try:
+            yield
+        finally:
+            self._given = None
 
     def _jax(self, args: Sequence[Any]) -> list:
         """A kernel's inputs as ``jax.Array``s, each small NumPy value put once
@@ -104,14 +134,25 @@ class Kernels:
                 and prim.name not in CUSTOM_CALLS and not fusible(prim, recipe.params)
                 and recipe.out_bytes() >= MIN_BYTES and _compat.has_lowering(prim, "cpu"))
 
-    def early(self, recipe) -> None:
+    def early(self, recipe, args: Sequence[Any] | None = None) -> None:
         """Hand ``recipe`` out as the trace records it, if it is a kernel on
-        concrete inputs (not values of other recipes, not abstract); else
-        start compiling what its batch would compile for it (see :meth:`warm`)."""
-        if self.kernel(recipe) and not any(isinstance(a, (_compat.Var, _compat.Tracer)) for a in recipe.args):
-            self.hand(recipe, recipe.args, early=True)
-        else:
+        concrete inputs (not values of other recipes, not abstract but for
+        those :meth:`given`); else start compiling what its batch would
+        compile for it (see :meth:`warm`). ``args`` are its inputs where
+        the trace knows more of them than the recipe reads (a uniform value)."""
+        args = recipe.args if args is None else args
+        given = self._given
+        if given is not None:
+            args = [given.get(id(a), a) if isinstance(a, _compat.Tracer) else a for a in args]
+        if not self.kernel(recipe) or any(isinstance(a, (_compat.Var, _compat.Tracer)) for a in args):
             self.warm(recipe)
+        elif given is None:
+            self.hand(recipe, args, early=True)
+        else:  # known by its inputs, not by this recipe, which holds the trace's tracers
+            key = _inputs_key(recipe, args)
+            stand_in = dataclasses.replace(recipe, args=tuple(args))
+            if key is not None and self.hand(stand_in, args, early=True) and stand_in in self._handed:
+                self._by_inputs[key] = stand_in
 
     def warm(self, recipe) -> None:
         """Compile ``recipe``'s program on the worker now, if its batch would
@@ -140,11 +181,23 @@ class Kernels:
     def __contains__(self, recipe) -> bool:
         return recipe in self._handed
 
+    def alike(self, recipe, args: Sequence[Any], take: bool = False) -> Any:
+        """The recipe handed out on the :meth:`given` values that computes what
+        ``recipe`` on ``args`` does (forgotten, with ``take``), if any."""
+        if not self._by_inputs or not self.kernel(recipe):
+            return None
+        key = _inputs_key(recipe, args)
+        if key is None:
+            return None
+        return self._by_inputs.pop(key, None) if take else self._by_inputs.get(key)
+
     def recall(self) -> None:
         """Take back the kernels the trace handed out that the worker has not
-        started: a batch hands them out again in the order it needs them."""
+        started: a batch hands them out again in the order it needs them.
+        Those on :meth:`given` values stay: the batch knows them by their inputs."""
+        given = set(self._by_inputs.values())
         for recipe, handed in list(self._handed.items()):
-            if handed.early and handed.future.cancel():
+            if handed.early and recipe not in given and handed.future.cancel():
                 del self._handed[recipe]
                 self._waiting[True] -= recipe.out_bytes()
 
@@ -154,6 +207,8 @@ class Kernels:
             handed.future.cancel()
         self._handed.clear()
         self._puts.clear()
+        self._by_inputs.clear()
+        self._held.clear()
         self._waiting = {True: 0, False: 0}
 
     def compute(self, recipe, args: Sequence[Any]) -> Any:
@@ -188,6 +243,11 @@ class Kernels:
         for it, if any.
         """
         handed = self._handed.pop(recipe, None)
+        if handed is None:
+            same = self.alike(recipe, args, take=True)
+            if same is not None:
+                handed = self._handed.pop(same, None)
+                recipe = same
         try:
             if handed is None:
                 busy = self._handed and self.kernel(recipe)
@@ -239,8 +299,10 @@ class Ahead:
             r = self._recipes[queue[self._next]]
             if r not in self._kernels:  # else handed out while traced
                 args = [self._env.get(a, _MISSING) if isinstance(a, _compat.Var) else a for a in r.args]
-                if any(a is _MISSING for a in args) or not self._kernels.hand(r, args):
-                    return  # inputs not computed yet, or too far ahead: later
+                if any(a is _MISSING for a in args):
+                    return  # inputs not computed yet: later
+                if self._kernels.alike(r, args) is None and not self._kernels.hand(r, args):
+                    return  # too far ahead: later
             self._next += 1
 
 
@@ -368,6 +430,16 @@ def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
         return None
     kernel = _kernels.get(_key(recipe.prim, recipe.params, _specs(args)))
     return kernel if kernel is not None and kernel.ahead else None
+
+
+def _inputs_key(recipe, args: Sequence[Any]) -> tuple | None:
+    """What identifies ``recipe``'s result on ``args`` (see :meth:`Kernels.given`), or None."""
+    try:
+        key = (recipe.prim, params_key(recipe.params), tuple(map(value_key, args)))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _key(prim, params: dict, specs: tuple | None) -> tuple | None:

@@ -22,6 +22,7 @@ from . import _collapse, _cse
 from .._fold._abstract import is_abstract
 from .._fold._batch import nbytes
 from .._fold._folding import Folder, replay
+from .._fold._offload import Kernels
 from .._fold._options import FoldOptions
 from .._fold._stats import FoldStats
 from .._fold._gc import pausing
@@ -87,6 +88,7 @@ def fold(
     fallbacks: tuple[str, ...] = (),
     abstract: bool = False,
     progress: Progress | None = None,
+    kernels: Kernels | None = None,
 ) -> Residual:
     """Trace ``fun`` (flat arrays in, flat list out), folding known work.
 
@@ -94,12 +96,14 @@ def fold(
     body or branch is retried with JAX folding eagerly inside bodies, unless
     the constants are ``abstract`` (a folding program's trace, see
     :mod:`pejit._fold._abstract`): that would not help. Its batches are staged,
-    not run, so no kernel starts while it is traced (see :mod:`pejit._fold._offload`).
+    not run, so no kernel starts while it is traced (see :mod:`pejit._fold._offload`),
+    but for those on the first value that ``kernels`` were
+    :meth:`~pejit._fold._offload.Kernels.given`, which go on after the fold.
     ``progress`` is told of the batches (see `pejit._fold._progress`).
     """
     start = time.perf_counter()
     try:
-        folder = Folder(options, progress, early_kernels=not abstract)
+        folder = Folder(options, progress, early_kernels=not abstract, kernels=kernels)
         jaxpr, consts = trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
         if abstract:
