@@ -324,6 +324,7 @@ def test_the_call_time_form_starts_kernels_on_constants_while_its_folding_progra
         return call(self, args)
 
     monkeypatch.setattr(_offload._Kernel, "__call__", run_watched)
+
     def as_kind(c):
         if kind == "jax.Array":
             return jnp.asarray(c)

@@ -150,8 +150,11 @@ class Kernels:
             self.hand(recipe, args, early=True)
         else:  # known by its inputs, not by this recipe, which holds the trace's tracers
             key = _inputs_key(recipe, args)
+            if key is None:
+                return
             stand_in = dataclasses.replace(recipe, args=tuple(args))
-            if key is not None and self.hand(stand_in, args, early=True) and stand_in in self._handed:
+            self.hand(stand_in, args, early=True)
+            if stand_in in self._handed:  # not past the budget, and lowered
                 self._by_inputs[key] = stand_in
 
     def warm(self, recipe) -> None:
