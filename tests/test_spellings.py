@@ -173,3 +173,22 @@ def test_every_identity_is_an_identity(spelling, monkeypatch):
     hits = identity_products(IDENTITIES[spelling], monkeypatch)
     assert hits == identity_products(IDENTITIES["numpy eye"], monkeypatch)
     assert sum(hits) >= 2, hits
+
+
+def test_a_call_whose_body_is_spelled_anew_folds_once():
+    """JAX's transformations give a call a body of its own each time (TFC's
+    ``jnp.multiply`` of its basis, in a derivative and in the function):
+    equal bodies on equal inputs are one fold, and one constant of the residual."""
+    c = np.linspace(0, 1, N * M, dtype=np.float32).reshape(N, M)
+
+    def f(xi, c):
+        first = jax.jit(lambda a: lax.tanh(a) * 2.0)(c)
+        anew = jax.jit(lambda a: lax.tanh(a) * 2.0)(c)  # another function, the same body
+        other = jax.jit(lambda a: lax.tanh(a) * 3.0)(c)  # another body
+        return first @ xi + anew @ xi - other @ xi
+
+    g = pejit(xi, c, constant_arg_nums=[1])(f)
+    report = g.report(xi)
+    evaluated = sum((b.primitives for b in report.batches), collections.Counter())
+    assert evaluated["jit"] == 2, evaluated  # the calls, evaluated whole
+    np.testing.assert_allclose(np.asarray(g(xi)), np.asarray(jax.jit(f)(xi, c)), rtol=1e-5, atol=1e-5)

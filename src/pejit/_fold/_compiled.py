@@ -131,13 +131,14 @@ def _structure(recipes, env, outputs, fixed: dict | None = None):
         return ("in", index[key])
 
     structure = tuple(
-        (r.prim, params_key(r.params), tuple(
+        (r.prim, r.params, tuple(
             (fixed.get((i, a)) or ref(x) for a, x in enumerate(r.args)) if fixed else map(ref, r.args)))
         for i, r in enumerate(recipes)
     )
     out_refs = tuple(ref(v) for v in outputs)
     # weak types too: a compiled program takes any, and would give its own
-    return (structure, out_refs, tuple(map(_type, inputs))), structure, out_refs, inputs
+    key = tuple((prim, params_key(params), refs) for prim, params, refs in structure)
+    return (key, out_refs, tuple(map(_type, inputs))), structure, out_refs, inputs
 
 
 def _type(x) -> tuple:
@@ -154,7 +155,7 @@ def _replay(structure, sources: dict) -> Callable[[tuple], Any]:
         return ref[-1] if ref[0] == "lit" else sources[ref[0]][ref[1]]
 
     for prim, params, refs in structure:
-        outs = prim.bind(*map(read, refs), **dict(params))
+        outs = prim.bind(*map(read, refs), **params)
         values.extend(outs if prim.multiple_results else [outs])
     return read
 

@@ -7,7 +7,11 @@ counts elementwise work. Each reads its kinds here.
 
 from __future__ import annotations
 
-from jax.extend.core import ClosedJaxpr, Jaxpr
+import contextlib
+import weakref
+
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.extend.core import primitives as P
 
 #: Primitives that only move, replicate or create data cheaply: folding them
@@ -117,5 +121,86 @@ def fused_first(prim, params: dict) -> bool:
 
 
 def params_key(params: dict) -> tuple:
-    """An equation's parameters as part of a key (they are hashable where JAX caches by them)."""
-    return tuple(sorted(params.items()))
+    """An equation's parameters as part of a key (they are hashable where JAX caches by them).
+
+    A called jaxpr counts by its structure (:func:`jaxpr_key`), not by
+    identity: JAX's transformations give each call a body of its own, so
+    that ``jnp.multiply`` of TFC's basis by the same weights, once in a
+    derivative and once in the function itself, reads as two calls of two
+    bodies, and the fold computed it twice and held the basis in between.
+    """
+    return tuple(sorted((k, _by_structure(v)) for k, v in params.items()))
+
+
+def _by_structure(v):
+    if isinstance(v, (Jaxpr, ClosedJaxpr)):
+        return jaxpr_key(v)
+    if type(v) is tuple and any(isinstance(x, (Jaxpr, ClosedJaxpr)) for x in v):  # cond's branches
+        return tuple(map(_by_structure, v))
+    return v
+
+
+class _Structure:
+    """A jaxpr's structure as a key: equal for equal programs, its hash computed once."""
+
+    __slots__ = ("key", "hash")
+
+    def __init__(self, key: tuple):
+        self.key, self.hash = key, hash(key)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Structure) and self.hash == other.hash and self.key == other.key
+
+
+_STRUCTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def jaxpr_key(jaxpr):
+    """``jaxpr`` (open or closed) as a key equal for any jaxpr that computes the same
+    the same way: its equations (primitives, parameters, which values they read,
+    literals by their bits) and types, up to the names of its variables, and
+    not its source information. A closed jaxpr with constants, and one whose
+    parameters cannot be hashed, is its own key (identity), as before.
+
+    Examples:
+      >>> import jax
+      >>> from pejit._fold._primitives import jaxpr_key
+      >>> a, b = (jax.make_jaxpr(lambda x: x * 2.0)(1.0) for _ in range(2))
+      >>> a is b, jaxpr_key(a) == jaxpr_key(b), jaxpr_key(a) == jaxpr_key(jax.make_jaxpr(lambda x: x * 3.0)(1.0))
+      (False, True, False)
+    """
+    try:
+        return _STRUCTURES[jaxpr]
+    except (KeyError, TypeError):
+        pass
+    key = jaxpr
+    if not getattr(jaxpr, "consts", ()):
+        try:
+            key = _Structure(_structure(getattr(jaxpr, "jaxpr", jaxpr)))
+        except TypeError:  # an unhashable parameter inside
+            pass
+    with contextlib.suppress(TypeError):
+        _STRUCTURES[jaxpr] = key
+    return key
+
+
+def _structure(jaxpr) -> tuple:
+    names: dict = {}
+
+    def define(vs) -> tuple:
+        for v in vs:
+            names[v] = len(names)
+        return tuple(v.aval for v in vs)
+
+    def atom(a):
+        return ("lit", a.aval, np.asarray(a.val).tobytes()) if isinstance(a, Literal) else names[a]
+
+    head = (define(jaxpr.constvars), define(jaxpr.invars))
+    eqns = tuple(
+        (e.primitive, params_key(e.params), tuple(map(atom, e.invars)), define(e.outvars), frozenset(e.effects))
+        for e in jaxpr.eqns
+    )
+    return head, eqns, tuple(map(atom, jaxpr.outvars)), frozenset(jaxpr.effects)
