@@ -79,6 +79,7 @@ def computed(monkeypatch):
     """Drop every large value of constants alone at once; record the threads that compute ``h``."""
     monkeypatch.setattr(_refold, "REMAT_HELD", 0)
     monkeypatch.setattr(_refold, "HOLD_ALL", 0)
+    monkeypatch.setattr(_refold, "HOLD_KEPT", 0)
     monkeypatch.setattr(_refold, "REMAT_GAP", 8)
     return _recording(monkeypatch)
 
@@ -89,6 +90,7 @@ def test_values_that_fit_at_once_are_all_held_while_the_batch_trims_the_heap(mon
     # the batch then hands what it frees back to the system (every tick here)
     monkeypatch.setattr(_refold, "REMAT_HELD", 0)
     monkeypatch.setattr(_refold, "HOLD_ALL", C.nbytes if fit else C.nbytes - 1)
+    monkeypatch.setattr(_refold, "HOLD_KEPT", 0)
     monkeypatch.setattr(_refold, "REMAT_GAP", 8)
     monkeypatch.setattr(_trim, "PERIOD", 0.0)
     trims = []
@@ -100,6 +102,23 @@ def test_values_that_fit_at_once_are_all_held_while_the_batch_trims_the_heap(mon
     np.testing.assert_array_equal(last, np.asarray(C))
     assert len(threads) == (1 if fit else 2)  # computed once, or again after it was dropped
     assert bool(trims) == fit
+
+
+@pytest.mark.parametrize("outputs_large", [True, False])
+def test_values_that_take_at_most_the_bytes_of_the_batchs_outputs_are_all_held(monkeypatch, outputs_large):
+    # HOLD_ALL admits nothing; h (1.4 MB) is held whole where the batch's
+    # outputs, which it holds to its end anyway, take at least as many bytes
+    monkeypatch.setattr(_refold, "REMAT_HELD", 0)
+    monkeypatch.setattr(_refold, "HOLD_ALL", 0)
+    monkeypatch.setattr(_refold, "REMAT_GAP", 8)
+    threads = _recording(monkeypatch)
+    recomputing.set()
+    segments, outputs = _batch_reading_h_far_apart()
+    if not outputs_large:
+        outputs = outputs[1:-2]  # the fillers' 32-byte values alone
+    values = _batch.run_batch(segments, {}, outputs)
+    np.testing.assert_array_equal(values[-1], np.asarray(C) if outputs_large else np.asarray(SMALL[-1]))
+    assert len(threads) == (1 if outputs_large else 2)  # computed once, or again after it was dropped
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")

@@ -42,9 +42,11 @@ REMAT_DEPTH = 3
 #: 92 and 3.4 s; 294 MiB live at most against 393 MiB.
 REMAT_HELD = 128 * 2**20
 #: Such values are all held (none computed again) when that is at most
-#: this many bytes at once, and the batch trims the heap as it runs (see
+#: this many bytes at once, or at most HOLD_KEPT times the bytes of the
+#: batch's outputs, and the batch trims the heap as it runs (see
 #: pejit._fold._trim): WaveEquation2D at full size holds 555 MiB then.
 HOLD_ALL = 640 * 2**20
+HOLD_KEPT = 1.0
 #: How many equations ahead of its read a dropped value is computed again on
 #: the worker (see Refolds.prefetch).
 REMAT_LEAD = 16
@@ -64,15 +66,22 @@ class Refolds:
     while more than :data:`REMAT_HELD` bytes of them are held and its next
     read is far; its equations run again just before that read.
 
-    Unless holding them all takes at most :data:`HOLD_ALL` bytes at once
-    (``trims``): then none is dropped, and the batch trims the heap as it
-    runs (:mod:`pejit._fold._trim`), which keeps the process's memory near
-    what it holds. The full-size WaveEquation2D then computes none of its
-    65 values again, and its first result comes 15-20% sooner.
+    Unless holding them all takes at most :data:`HOLD_ALL` bytes at once,
+    or at most the ``kept`` bytes of the batch's outputs (times
+    :data:`HOLD_KEPT`; ``trims``): then
+    none is dropped, and the batch trims the heap as it runs
+    (:mod:`pejit._fold._trim`), which keeps the process's memory near what
+    it holds. The full-size WaveEquation2D then computes none of its 65
+    values again, and its first result comes 15-20% sooner. The outputs
+    are held to the batch's end whatever it drops, and ``jax.jit``'s
+    program holds these values from their first read to their last too
+    (XLA does not compute them again): holding as many bytes again as the
+    outputs keeps the peak near ``jax.jit``'s. At 15^3 points,
+    WaveEquation2D's values take 850 MiB beside 1.7 GB of outputs.
     """
 
     def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
-                 worker: concurrent.futures.Executor | None = None):
+                 worker: concurrent.futures.Executor | None = None, kept: int = 0):
         self._kernels = kernels  # pejit._fold._offload.Kernels: a kernel runs again by its lowering
         self._worker = worker  # computes dropped values again ahead of their reads
         self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
@@ -103,7 +112,7 @@ class Refolds:
         # Holding them all spares computing them again; past REMAT_HELD the
         # heap grows with them, and the batch trims it (pejit._fold._trim)
         most = self._held_at_most()
-        self.trims = REMAT_HELD < most <= HOLD_ALL
+        self.trims = REMAT_HELD < most <= max(HOLD_ALL, HOLD_KEPT * kept)
         self._budget = most if self.trims else REMAT_HELD
 
     def _held_at_most(self) -> int:
