@@ -7,7 +7,6 @@ counts elementwise work. Each reads its kinds here.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import numpy as np
@@ -172,18 +171,15 @@ def jaxpr_key(jaxpr):
       >>> a is b, jaxpr_key(a) == jaxpr_key(b), jaxpr_key(a) == jaxpr_key(jax.make_jaxpr(lambda x: x * 3.0)(1.0))
       (False, True, False)
     """
-    try:
-        return _STRUCTURES[jaxpr]
-    except (KeyError, TypeError):
-        pass
-    key = jaxpr
-    if not getattr(jaxpr, "consts", ()):
+    key = _STRUCTURES.get(jaxpr)
+    if key is None:
+        if getattr(jaxpr, "consts", ()):
+            return jaxpr
         try:
             key = _Structure(_structure(getattr(jaxpr, "jaxpr", jaxpr)))
         except TypeError:  # an unhashable parameter inside
-            pass
-    with contextlib.suppress(TypeError):
-        _STRUCTURES[jaxpr] = key
+            return jaxpr
+        _STRUCTURES[jaxpr] = key  # not the jaxpr itself: a value holding its key would keep it alive
     return key
 
 

@@ -44,7 +44,7 @@ REMAT_HELD = 128 * 2**20
 #: Such values are all held (none computed again) when that is at most
 #: this many bytes at once, or at most HOLD_KEPT times the bytes of the
 #: batch's outputs, and the batch trims the heap as it runs (see
-#: pejit._fold._trim): WaveEquation2D at full size holds 555 MiB then.
+#: pejit._fold._trim): WaveEquation2D at full size holds 218 MiB then.
 HOLD_ALL = 640 * 2**20
 HOLD_KEPT = 1.0
 #: How many equations ahead of its read a dropped value is computed again on
@@ -68,11 +68,11 @@ class Refolds:
 
     Unless holding them all takes at most :data:`HOLD_ALL` bytes at once,
     or at most the ``kept`` bytes of the batch's outputs (times
-    :data:`HOLD_KEPT`; ``trims``): then
-    none is dropped, and the batch trims the heap as it runs
-    (:mod:`pejit._fold._trim`), which keeps the process's memory near what
-    it holds. The full-size WaveEquation2D then computes none of its 65
-    values again, and its first result comes 15-20% sooner. The outputs
+    :data:`HOLD_KEPT`; ``trims``): then none is dropped, and the batch
+    trims the heap as it runs (:mod:`pejit._fold._trim`), which keeps the
+    process's memory near what it holds. The full-size WaveEquation2D then
+    computes none of its 65 values again, and its first result comes
+    15-20% sooner. The outputs
     are held to the batch's end whatever it drops, and ``jax.jit``'s
     program holds these values from their first read to their last too
     (XLA does not compute them again): holding as many bytes again as the
