@@ -185,6 +185,33 @@ def test_dead_known_work_is_never_evaluated():
     assert calls == []
 
 
+def test_a_batch_runs_its_equations_in_the_programs_order(monkeypatch):
+    # The residual reads q before p, so an order target by target computes
+    # q first; the program's order, which holds shared values no longer
+    # than the program does, computes p first (see Folder._batch).
+    ran = []
+    run_batch = _batch.run_batch
+
+    def recording(segments, *args, **kwargs):
+        ran.extend(r.prim.name for seg in segments for r in seg.recipes)
+        return run_batch(segments, *args, **kwargs)
+
+    monkeypatch.setattr(_batch, "run_batch", recording)
+    A = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+
+    def f(A, x):
+        p = jax.lax.sin(A)
+        q = jax.lax.cos(A)
+        r = jax.lax.exp(jax.lax.mul(p, q))
+        return x @ q + p @ x + r @ x
+
+    x = jnp.ones(64)
+    plan(lambda x: f(A, x), jax.core.ShapedArray((64,), jnp.float32), backend="eager")
+    assert ran == ["sin", "cos", "mul", "exp"]
+    g = pejit(f, constant_argnums=0)
+    np.testing.assert_allclose(g(A, x), jax.jit(f)(A, x), rtol=1e-5)
+
+
 @requires_jax((0, 9), "custom_jvp/custom_vjp calls on known inputs are staged, not folded whole (same results)")
 def test_custom_jvp_functions_on_constants_fold():
     A = jnp.linspace(-1, 1, 64).reshape(8, 8)

@@ -6,7 +6,7 @@ records each one as a :class:`Recipe` and stages a placeholder (see
 needs them: Python (``bool(x)``, ``np.asarray(x)``), a fold rule (a
 ``cond`` index), or, at the end of the trace, the residual program, whose
 constants they become. A batch is the set of recipes the requested values
-depend on that have not run yet, in dependency order.
+depend on that have not run yet, in the order the trace recorded them.
 
 Each batch runs on one of two back ends:
 
@@ -77,7 +77,8 @@ class Recipe:
     ``outvars`` has ``None`` for outputs that JAX's staging forwarded or
     folded itself. ``lazy`` recipes are cheap expansions that also stay in
     the residual program; the others are folds, whose outputs become
-    constants.
+    constants. ``serial`` is its place among the recipes of its trace: a
+    batch runs them in that order (see ``Folder._batch``).
     """
 
     prim: Any
@@ -85,6 +86,7 @@ class Recipe:
     params: dict
     outvars: tuple
     lazy: bool = False
+    serial: int = 0
 
     def out_bytes(self) -> int:
         return sum(nbytes(v.aval) for v in self.outvars if v is not None)

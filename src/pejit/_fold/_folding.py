@@ -28,6 +28,7 @@ Three kinds of known values exist while tracing:
 
 from __future__ import annotations
 
+import operator
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -386,7 +387,7 @@ class Folder:
         )
         if any(v is not None for v in outvars):
             recipe_args = tuple(self._var(a) or a for a in args)
-            recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy)
+            recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy, serial=len(self._recipes))
             self._recipes.update((v, recipe) for v in outvars if v is not None)
             if self._early and not lazy:
                 self._kernels.early(recipe, [self._var(a) or a for a in concrete])
@@ -502,26 +503,25 @@ class Folder:
         return [self._materialized[v] for v in targets]
 
     def _batch(self, targets: Sequence[Any]) -> list[_batch.Recipe]:
-        """Unevaluated recipes ``targets`` depend on, in dependency order."""
-        order: list[_batch.Recipe] = []
-        state: dict[int, int] = {}  # id(recipe) -> 1 visiting, 2 done
+        """Unevaluated recipes ``targets`` depend on, in the order the trace recorded them.
+
+        That is the program's own order, which holds each value from where
+        the program computes it to where it reads it. An order target by
+        target (each one's dependencies, then the next's) holds what two
+        targets share from the first to the last: TFC's WaveEquation2D at
+        15^3 points, folded in the TFC form, peaked at 3235-3260 MB that
+        way and at 2477-2478 MB in the trace's order (``jax.jit``: 2616 MB),
+        in as much time.
+        """
+        found: dict[int, _batch.Recipe] = {}
         stack = [self._recipes[v] for v in targets]
         while stack:
-            r = stack[-1]
-            s = state.get(id(r))
-            if s is None:
-                state[id(r)] = 1
-                for a in r.args:
-                    if isinstance(a, _compat.Var) and a not in self._materialized:
-                        dep = self._recipes[a]
-                        if id(dep) not in state:
-                            stack.append(dep)
-            else:
-                stack.pop()
-                if s == 1:
-                    state[id(r)] = 2
-                    order.append(r)
-        return order
+            r = stack.pop()
+            if id(r) not in found:
+                found[id(r)] = r
+                stack.extend(self._recipes[a] for a in r.args
+                             if isinstance(a, _compat.Var) and a not in self._materialized)
+        return sorted(found.values(), key=operator.attrgetter("serial"))
 
 
 #: Primitives whose output is uniform where their one input is a scalar or uniform.

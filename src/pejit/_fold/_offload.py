@@ -83,9 +83,9 @@ class Kernels:
     (:class:`pejit._fold._batch.Recipe`), and their results not yet read.
 
     Those handed out by the trace and by a batch wait under separate
-    budgets of :data:`AHEAD_BYTES`: a batch meets its kernels in its own
-    order, not the trace's, and must not find the budget held by kernels
-    it needs later.
+    budgets of :data:`AHEAD_BYTES`: a batch runs only what its values
+    need, and must not find the budget held by kernels that it does not
+    run, or runs later.
     """
 
     def __init__(self):
