@@ -157,6 +157,11 @@ class _Structure:
 _STRUCTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def literal_key(literal: Literal) -> tuple:
+    """A jaxpr literal as a key: its type and its bits (``0.0`` and ``-0.0`` differ, a NaN equals itself)."""
+    return ("literal", literal.aval, np.asarray(literal.val).tobytes())
+
+
 def jaxpr_key(jaxpr):
     """``jaxpr`` (open or closed) as a key equal for any jaxpr that computes the same
     the same way: its equations (primitives, parameters, which values they read,
@@ -192,7 +197,7 @@ def _structure(jaxpr) -> tuple:
         return tuple(v.aval for v in vs)
 
     def atom(a):
-        return ("lit", a.aval, np.asarray(a.val).tobytes()) if isinstance(a, Literal) else names[a]
+        return literal_key(a) if isinstance(a, Literal) else names[a]
 
     head = (define(jaxpr.constvars), define(jaxpr.invars))
     eqns = tuple(

@@ -19,16 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .. import _compat
-from .._fold._primitives import params_key
+from .._fold._primitives import literal_key, params_key
 
 
 def _atom_key(a, rename: dict) -> Any:
-    if isinstance(a, _compat.Literal):
-        return ("literal", a.aval, np.asarray(a.val).tobytes())
-    return rename.get(a, a)
+    return literal_key(a) if isinstance(a, _compat.Literal) else rename.get(a, a)
 
 
 def eliminate(jaxpr):
