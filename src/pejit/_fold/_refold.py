@@ -42,10 +42,12 @@ REMAT_DEPTH = 3
 #: 92 and 3.4 s; 294 MiB live at most against 393 MiB.
 REMAT_HELD = 128 * 2**20
 #: Such values are all held (none computed again) when that is at most
-#: this many bytes at once, or at most HOLD_KEPT times the bytes of the
-#: batch's outputs, and the batch trims the heap as it runs (see
-#: pejit._fold._trim): WaveEquation2D at full size holds 218 MiB then.
+#: this many bytes at once, and the batch trims the heap as it runs (see
+#: pejit._fold._trim): WaveEquation2D at 15^3 points holds 129 MiB (TFC
+#: form) and 335 MiB (call-time form) at most.
 HOLD_ALL = 640 * 2**20
+#: Or when that is at most this many times the bytes of the batch's
+#: outputs, which it holds to its end anyway.
 HOLD_KEPT = 1.0
 #: How many equations ahead of its read a dropped value is computed again on
 #: the worker (see Refolds.prefetch).
@@ -60,7 +62,8 @@ class Refolds:
     value that derivatives read from the start of the batch to its end:
     the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
     transposes and products, at once (690 MiB live against 155 MiB when
-    each read computed its own). Such a value (one output, defined by at
+    each read computed its own), in a batch ordered target by target; in
+    the trace's order (``Folder._batch``), 33 MiB at most. Such a value (one output, defined by at
     most :data:`REMAT_DEPTH` equations from constants or small values
     from before the batch) is dropped, the one read farthest ahead first,
     while more than :data:`REMAT_HELD` bytes of them are held and its next
@@ -71,13 +74,11 @@ class Refolds:
     :data:`HOLD_KEPT`; ``trims``): then none is dropped, and the batch
     trims the heap as it runs (:mod:`pejit._fold._trim`), which keeps the
     process's memory near what it holds. The full-size WaveEquation2D then
-    computes none of its 65 values again, and its first result comes
-    15-20% sooner. The outputs
-    are held to the batch's end whatever it drops, and ``jax.jit``'s
-    program holds these values from their first read to their last too
-    (XLA does not compute them again): holding as many bytes again as the
-    outputs keeps the peak near ``jax.jit``'s. At 15^3 points,
-    WaveEquation2D's values take 850 MiB beside 1.7 GB of outputs.
+    computed none of its 65 values again, and its first result came
+    15-20% sooner. The outputs are held to the batch's end whatever it
+    drops, and ``jax.jit``'s program holds these values from their first
+    read to their last too (XLA does not compute them again): holding as
+    many bytes again as the outputs keeps the peak near ``jax.jit``'s.
     """
 
     def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
