@@ -22,6 +22,7 @@ from pejit._fold._batch import Recipe, Segment
 from ._util import cpu_only
 
 C = jnp.asarray(np.random.default_rng(0).standard_normal((600, 600)).astype(np.float32))  # 1.4 MB
+C2 = -C
 SMALL = [jnp.full((8,), float(k), np.float32) for k in range(40)]
 
 
@@ -40,8 +41,12 @@ wait_p.def_impl(lambda x: recomputing.wait(10) and x)
 wait_p.def_abstract_eval(lambda x: x)
 
 
-def _batch_reading_h_far_apart():
-    """``h = -C``, read at once, by a compiled segment 40 equations later, and after it."""
+def _batch_reading_h_far_apart(pair: bool = False):
+    """``h = -C``, read at once, by a compiled segment 40 equations later, and after it.
+
+    With ``pair``, ``g = -C2`` too, held across the same span and read by
+    equations of its own (after h's outputs), so that twice the bytes any
+    one equation reads are held at once."""
     r_h, h = _recipe(lax.neg, [C], [C])
     r_first, first = _recipe(lax.neg, [h], [C])
     fillers = [_recipe(lax.sin, [s], [s]) for s in SMALL[:-1]]
@@ -49,12 +54,18 @@ def _batch_reading_h_far_apart():
     r_mul, m = _recipe(lax.mul, [h, C], [C, C])
     r_add, y = _recipe(lax.add, [m, C], [C, C])
     r_last, last = _recipe(lax.neg, [h], [C])
+    head, tail = [r_h, r_first], [r_last]
+    if pair:
+        r_g, g = _recipe(lax.neg, [C2], [C2])
+        r_g_first, g_first = _recipe(lax.neg, [g], [C2])
+        r_g_last, g_last = _recipe(lax.neg, [g], [C2])
+        head, tail = [r_h, r_g, r_first, r_g_first], [r_last, r_g_last]
     segments = [
-        Segment("eager", (r_h, r_first, *(r for r, _ in fillers))),
+        Segment("eager", (*head, *(r for r, _ in fillers))),
         Segment("compiled", (r_mul, r_add)),
-        Segment("eager", (r_last,)),
+        Segment("eager", tuple(tail)),
     ]
-    return segments, [first, *(v for _, v in fillers), y, last]
+    return segments, [first, *(v for _, v in fillers), y, last, *([g_first, g_last] if pair else [])]
 
 
 def _recording(monkeypatch):
@@ -104,21 +115,23 @@ def test_values_that_fit_at_once_are_all_held_while_the_batch_trims_the_heap(mon
     assert bool(trims) == fit
 
 
-@pytest.mark.parametrize("outputs_large", [True, False])
-def test_values_that_take_at_most_the_bytes_of_the_batchs_outputs_are_all_held(monkeypatch, outputs_large):
-    # HOLD_ALL admits nothing; h (1.4 MB) is held whole where the batch's
-    # outputs, which it holds to its end anyway, take at least as many bytes
+@pytest.mark.parametrize("held_by", ["outputs", "one equation's reads", None])
+def test_values_that_take_at_most_the_bytes_the_batch_holds_anyway_are_all_held(monkeypatch, held_by):
+    # HOLD_ALL admits nothing. h and g (1.4 MB each) are held whole where
+    # the batch's outputs, which it holds to its end, take at least as many
+    # bytes; h alone is where one equation reads as many (all at once,
+    # whatever is dropped); h and g are not, where each equation reads one
     monkeypatch.setattr(_refold, "REMAT_HELD", 0)
     monkeypatch.setattr(_refold, "HOLD_ALL", 0)
     monkeypatch.setattr(_refold, "REMAT_GAP", 8)
     threads = _recording(monkeypatch)
     recomputing.set()
-    segments, outputs = _batch_reading_h_far_apart()
-    if not outputs_large:
-        outputs = outputs[1:-2]  # the fillers' 32-byte values alone
+    segments, outputs = _batch_reading_h_far_apart(pair=held_by != "one equation's reads")
+    if held_by != "outputs":
+        outputs = outputs[1 : 1 + len(SMALL)]  # the fillers' 32-byte values alone
     values = _batch.run_batch(segments, {}, outputs)
-    np.testing.assert_array_equal(values[-1], np.asarray(C) if outputs_large else np.asarray(SMALL[-1]))
-    assert len(threads) == (1 if outputs_large else 2)  # computed once, or again after it was dropped
+    np.testing.assert_array_equal(values[-1], np.asarray(C2 if held_by == "outputs" else SMALL[-1]))
+    assert len(threads) == (2 if held_by is None else 1)  # computed again after it was dropped, or once
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")

@@ -46,8 +46,11 @@ REMAT_HELD = 128 * 2**20
 #: pejit._fold._trim): WaveEquation2D at 15^3 points holds 129 MiB (TFC
 #: form) and 335 MiB (call-time form) at most.
 HOLD_ALL = 640 * 2**20
-#: Or when that is at most this many times the bytes of the batch's
-#: outputs, which it holds to its end anyway.
+#: Or when that is at most this many times the bytes the batch holds at
+#: once anyway: its outputs (to its end), or the values one of its
+#: equations reads. The call-time form's first value of the bench's PDE at
+#: 15^3 points holds 824 MiB of them; its last equation, the affine
+#: collapse, reads 2306 MiB.
 HOLD_KEPT = 1.0
 #: How many equations ahead of its read a dropped value is computed again on
 #: the worker (see Refolds.prefetch).
@@ -70,15 +73,17 @@ class Refolds:
     read is far; its equations run again just before that read.
 
     Unless holding them all takes at most :data:`HOLD_ALL` bytes at once,
-    or at most the ``kept`` bytes of the batch's outputs (times
-    :data:`HOLD_KEPT`; ``trims``): then none is dropped, and the batch
-    trims the heap as it runs (:mod:`pejit._fold._trim`), which keeps the
-    process's memory near what it holds. The full-size WaveEquation2D then
-    computed none of its 65 values again, and its first result came
-    15-20% sooner. The outputs are held to the batch's end whatever it
-    drops, and ``jax.jit``'s program holds these values from their first
-    read to their last too (XLA does not compute them again): holding as
-    many bytes again as the outputs keeps the peak near ``jax.jit``'s.
+    or at most the ``kept`` bytes of the batch's outputs or the bytes one
+    of its equations reads (times :data:`HOLD_KEPT`; ``trims``): then none
+    is dropped, and the batch trims the heap as it runs
+    (:mod:`pejit._fold._trim`), which keeps the process's memory near what
+    it holds. The full-size WaveEquation2D then computed none of its 65
+    values again, and its first result came 15-20% sooner. The outputs are
+    held to the batch's end, and an equation's inputs all at once,
+    whatever the batch drops; ``jax.jit``'s program holds these values
+    from their first read to their last too (XLA does not compute them
+    again): holding as many bytes again as the batch must hold anyway keeps
+    the peak near ``jax.jit``'s.
     """
 
     def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
@@ -93,13 +98,15 @@ class Refolds:
         self._missing: set = set()  # dropped, or released at a last use that was not the last
         self._held: dict[Any, int] = {}  # large values of constants alone in env: their bytes
         pinned = set()
+        widest = 0  # the most bytes one equation reads: all live at once, whatever is dropped
         for i, r in enumerate(recipes):
-            for a in r.args:
-                if _is_var(a):
-                    self._next[a].append(i)
+            inputs = [a for a in r.args if _is_var(a)]
+            widest = max(widest, sum(nbytes(a.aval) for a in set(inputs)))
+            for a in inputs:
+                self._next[a].append(i)
             if r.prim.multiple_results or r.outvars[0] is None:
                 continue
-            depth, inputs = 1, [a for a in r.args if _is_var(a)]
+            depth = 1
             for a in inputs:
                 if a in self._producer:
                     depth = max(depth, self._producer[a][1] + 1)
@@ -113,7 +120,7 @@ class Refolds:
         # Holding them all spares computing them again; past REMAT_HELD the
         # heap grows with them, and the batch trims it (pejit._fold._trim)
         most = self._held_at_most()
-        self.trims = REMAT_HELD < most <= max(HOLD_ALL, HOLD_KEPT * kept)
+        self.trims = REMAT_HELD < most <= max(HOLD_ALL, HOLD_KEPT * max(kept, widest))
         self._budget = most if self.trims else REMAT_HELD
 
     def _held_at_most(self) -> int:
