@@ -66,11 +66,12 @@ class Refolds:
     the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
     transposes and products, at once (690 MiB live against 155 MiB when
     each read computed its own), in a batch ordered target by target; in
-    the trace's order (``Folder._batch``), 33 MiB at most. Such a value (one output, defined by at
-    most :data:`REMAT_DEPTH` equations from constants or small values
-    from before the batch) is dropped, the one read farthest ahead first,
-    while more than :data:`REMAT_HELD` bytes of them are held and its next
-    read is far; its equations run again just before that read.
+    the trace's order (``Folder._batch``), 33 MiB at most. Such a value
+    (one output, defined by at most :data:`REMAT_DEPTH` equations from
+    constants or small values from before the batch) is dropped, the one
+    read farthest ahead first, while more than :data:`REMAT_HELD` bytes of
+    them are held and its next read is far; its equations run again just
+    before that read.
 
     Unless holding them all takes at most :data:`HOLD_ALL` bytes at once,
     or at most the ``kept`` bytes of the batch's outputs or the bytes one
