@@ -187,7 +187,7 @@ def test_only_what_a_batch_would_compile_alone_is_compiled_ahead():
     sin, mul = _call_eqn(jnp.sin, a), _call_eqn(lambda a: a * 2, a)
     assert _offload._compiled_alone(sin.primitive, sin.params)  # no host rule gives XLA's bits
     assert not _offload._compiled_alone(mul.primitive, mul.params)  # NumPy computes it
-    assert _offload._specs([a]) == (jax.ShapeDtypeStruct(a.shape, a.dtype),)
+    assert _offload._specs([a]) == ((a.shape, a.dtype),)
     assert _offload._specs([jnp.asarray(2.0)]) is None  # weakly typed: the kernel's result would not be
     assert _offload._specs([jnp.ones(3, jnp.bfloat16)]) is None  # a dtype the host does not know
     assert _offload._specs([_compat.new_var(jax.core.ShapedArray((2,), np.float32))]) is None
@@ -279,7 +279,7 @@ def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch)
     var = _compat.new_var(jax.core.ShapedArray(a.shape, a.dtype))
     recipe = Recipe(sin.primitive, (var,), sin.params, (_compat.new_var(jax.core.ShapedArray(a.shape, a.dtype)),))
     _offload.clear_programs()
-    kernel = _offload._lowered(recipe.prim, recipe.params, _offload._specs([a]))
+    kernel = _offload._lowered(recipe, _offload._specs([a]))
     monkeypatch.setattr(kernel, "_lowered", None)  # compiling raises
     kernel.ahead = True
     assert _offload.Kernels().take(recipe, [a]) is None  # the batch evaluates it

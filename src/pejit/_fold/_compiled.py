@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from .. import _compat
-from ._primitives import called_jaxpr, fused_first, fusible, params_key
+from ._primitives import called_jaxpr, fused_first, fusible
 
 #: Chains of fewer steps run step by step: rolling saves a few dispatches,
 #: and costs a compilation the steps' shared program may not need.
@@ -137,7 +137,7 @@ def _structure(recipes, env, outputs, fixed: dict | None = None):
     )
     out_refs = tuple(ref(v) for v in outputs)
     # weak types too: a compiled program takes any, and would give its own
-    key = tuple((prim, params_key(params), refs) for prim, params, refs in structure)
+    key = tuple((r.prim, r.params_key, refs) for r, (_, _, refs) in zip(recipes, structure))
     return (key, out_refs, tuple(map(_type, inputs))), structure, out_refs, inputs
 
 

@@ -387,7 +387,8 @@ class Folder:
         )
         if any(v is not None for v in outvars):
             recipe_args = tuple(self._var(a) or a for a in args)
-            recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy, serial=len(self._recipes))
+            recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy, serial=len(self._recipes),
+                                   params_key=None if key is None else key[1])
             self._recipes.update((v, recipe) for v in outvars if v is not None)
             if self._early and not lazy:
                 self._kernels.early(recipe, [self._var(a) or a for a in concrete])

@@ -55,7 +55,6 @@ from ._primitives import (
     called_jaxpr,
     fused_first,
     fusible,
-    params_key,
 )
 from ._values import value_key
 
@@ -165,7 +164,7 @@ class Kernels:
         is pure Python that the compiler (which releases the GIL) need not
         wait for. The batch then runs that program (see :meth:`take`)."""
         if self.enabled and _compiled_alone(recipe.prim, recipe.params):
-            kernel = _lowered(recipe.prim, recipe.params, _specs(recipe.args, abstract=True))
+            kernel = _lowered(recipe, _specs(recipe.args, abstract=True))
             if kernel is not None:
                 kernel.compile_ahead()
 
@@ -174,7 +173,7 @@ class Kernels:
         waiting = self._waiting[early]
         if waiting and waiting + recipe.out_bytes() > AHEAD_BYTES:
             return False
-        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        kernel = _lowered(recipe, _specs(args))
         if kernel is not None:
             args = self._jax(args)
             self._handed[recipe] = _Handed(_pool().submit(kernel, args), kernel, args, early)
@@ -220,7 +219,7 @@ class Kernels:
         the GIL, as TFC's ``H`` does, and stall the worker: see :meth:`take`.)"""
         if not self.kernel(recipe):
             return None
-        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        kernel = _lowered(recipe, _specs(args))
         try:
             return None if kernel is None else kernel(self._jax(args))
         except Exception:  # noqa: BLE001 - evaluated by the batch instead, where an error is the eager one
@@ -231,7 +230,7 @@ class Kernels:
         here (under this thread's configuration); None if it is no kernel."""
         if not self.kernel(recipe):
             return None
-        kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+        kernel = _lowered(recipe, _specs(args))
         return None if kernel is None else functools.partial(kernel, self._jax(args))
 
     def take(self, recipe, args: Sequence[Any]) -> Any:
@@ -255,7 +254,7 @@ class Kernels:
             if handed is None:
                 busy = self._handed and self.kernel(recipe)
                 if busy:
-                    kernel = _lowered(recipe.prim, recipe.params, _specs(args))
+                    kernel = _lowered(recipe, _specs(args))
                     return None if kernel is None else kernel(self._jax(args))
                 kernel = _warmed(recipe, args) if self.enabled else None
                 return None if kernel is None else kernel(args)
@@ -382,10 +381,12 @@ def clear_programs() -> None:
 
 
 def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
-    """The input types of a kernel on ``args``, or None where it is left to the
-    batch: Python scalars and weak types (the kernel's result would not be
-    weak), keys. With ``abstract``, a recipe's variables and abstract
-    constants count, by their types."""
+    """The input types of a kernel on ``args``, as ``(shape, dtype)`` pairs
+    (asked per equation of a batch: a ``jax.ShapeDtypeStruct`` apiece cost
+    more than the lookup), or None where it is left to the batch: Python
+    scalars and weak types (the kernel's result would not be weak), keys.
+    With ``abstract``, a recipe's variables and abstract constants count,
+    by their types."""
     specs = []
     for a in args:
         if abstract and isinstance(a, (_compat.Var, _compat.Tracer)):
@@ -394,7 +395,7 @@ def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
             return None
         if a.dtype not in _host.DTYPES or getattr(a, "weak_type", False):
             return None
-        specs.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+        specs.append((a.shape, a.dtype))
     return tuple(specs)
 
 
@@ -431,48 +432,49 @@ def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
     """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs, if any."""
     if not _compiled_alone(recipe.prim, recipe.params):
         return None
-    kernel = _kernels.get(_key(recipe.prim, recipe.params, _specs(args)))
+    kernel = _kernels.get(_key(recipe, _specs(args)))
     return kernel if kernel is not None and kernel.ahead else None
 
 
 def _inputs_key(recipe, args: Sequence[Any]) -> tuple | None:
     """What identifies ``recipe``'s result on ``args`` (see :meth:`Kernels.given`), or None."""
     try:
-        key = (recipe.prim, params_key(recipe.params), tuple(map(value_key, args)))
+        key = (recipe.prim, recipe.params_key, tuple(map(value_key, args)))
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def _key(prim, params: dict, specs: tuple | None) -> tuple | None:
+def _key(recipe, specs: tuple | None) -> tuple | None:
     if specs is None:
         return None
     try:
-        key = (prim, params_key(params), tuple((a.shape, a.dtype) for a in specs))
+        key = (recipe.prim, recipe.params_key, specs)
         hash(key)
     except TypeError:
         return None
     return key
 
 
-def _lowered(prim, params: dict, specs: tuple | None) -> _Kernel | None:
-    """``prim`` lowered for inputs of these types (cached), or None where it is left to the batch."""
-    key = _key(prim, params, specs)
+def _lowered(recipe, specs: tuple | None) -> _Kernel | None:
+    """``recipe``'s primitive lowered for inputs of these types (cached), or None where it is left to the batch."""
+    key = _key(recipe, specs)
     if key is None:
         return None
     if key not in _kernels:
         if len(_kernels) >= _MAX_KERNELS:
             _kernels.pop(next(iter(_kernels)))
-        _kernels[key] = _lower(prim, params, specs)
+        _kernels[key] = _lower(recipe.prim, recipe.params, specs)
     return _kernels[key]
 
 
 def _lower(prim, params, specs) -> _Kernel | None:
+    structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in specs]
     try:
-        if _compat.primitive_effects(prim, [_compat.typeof(a) for a in specs], params):
+        if _compat.primitive_effects(prim, [_compat.typeof(a) for a in structs], params):
             return None  # effects keep their order: not moved to another thread
-        return _Kernel(jax.jit(functools.partial(_bind, prim, params)).lower(*specs))
+        return _Kernel(jax.jit(functools.partial(_bind, prim, params)).lower(*structs))
     except Exception:  # noqa: BLE001 - no lowering for these inputs: left to the batch
         return None
 

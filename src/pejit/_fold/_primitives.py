@@ -128,14 +128,21 @@ def params_key(params: dict) -> tuple:
     derivative and once in the function itself, reads as two calls of two
     bodies, and the fold computed it twice and held the basis in between.
     """
-    return tuple(sorted((k, _by_structure(v)) for k, v in params.items()))
+    return tuple(sorted([(k, _by_structure(v)) for k, v in params.items()]))
+
+
+_JAXPRS = (Jaxpr, ClosedJaxpr)
 
 
 def _by_structure(v):
-    if isinstance(v, (Jaxpr, ClosedJaxpr)):
+    # plain loops: a fold keys every equation by its parameters (a ``jnp``
+    # call's are eleven), and generators doubled the cost
+    if isinstance(v, _JAXPRS):
         return jaxpr_key(v)
-    if type(v) is tuple and any(isinstance(x, (Jaxpr, ClosedJaxpr)) for x in v):  # cond's branches
-        return tuple(map(_by_structure, v))
+    if type(v) is tuple:
+        for x in v:
+            if isinstance(x, _JAXPRS):  # cond's branches
+                return tuple(map(_by_structure, v))
     return v
 
 
