@@ -55,6 +55,35 @@ def test_an_unrolled_chain_runs_as_one_loop(ahead, monkeypatch):
     close(g(A, 1.0), oracle_chain(A, 12)[0] + 1.0)
 
 
+@cpu_only  # the cost model's CPU figures
+@pytest.mark.skipif(not _offload.Kernels().enabled, reason="one core: nothing runs beside the fold")
+def test_the_worker_runs_a_chain_ahead_and_the_batch_the_steps_after(monkeypatch):
+    # the chain starts from a constant, so the worker runs its steps (three at
+    # a time here) while the trace records the next, and the batch runs only
+    # those after the last it ran: to the very values of one loop from the start
+    monkeypatch.setattr(_compiled, "AHEAD_STEPS", 3)
+    taken = []
+    take = _compiled.LoopsAhead.take
+    monkeypatch.setattr(_compiled.LoopsAhead, "take", lambda self, *a: taken.append(take(self, *a)) or taken[-1])
+    A = constant()
+    _compiled.clear_programs()
+
+    def fold(f):
+        return np.asarray(pejit(A, 1.0, constant_arg_nums=[0])(lambda a, x: f(x))(1.0))
+
+    batches, _ = plan(_sin_chain(A, 12), scalar())
+    assert [(b.backend, b.equations) for b in batches] == [("loop", 36)]
+    steps, _ = taken.pop()
+    assert 4 <= steps < 12  # the worker ran from the step the loop compiled at, to the last step it was handed
+    ahead = fold(_sin_chain(A, 12))
+    assert taken.pop()[0] >= 4
+    monkeypatch.setattr(_offload, "submit", None)  # nothing runs ahead
+    alone = fold(_sin_chain(A, 12))
+    assert taken.pop() == (0, None)
+    np.testing.assert_array_equal(ahead, alone)
+    close(ahead, oracle_chain(A, 12)[0] + 1.0)
+
+
 @cpu_only
 def test_a_step_read_elsewhere_ends_a_loop():
     # the value after step 5 is also read at the end: steps 0-5 are one loop

@@ -287,6 +287,7 @@ def run_batch(
     segments: Sequence[Segment], env: dict, outputs: Sequence[Any], keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, timings: list[tuple[float, float]] | None = None,
     compact: Collection[Any] = (), kernels: _offload.Kernels | None = None,
+    loops: _compiled.LoopsAhead | None = None,
 ) -> list[Any]:
     """Evaluate the planned batch and return the values of ``outputs``.
 
@@ -300,7 +301,8 @@ def run_batch(
     ``tick(n)`` is told of every ``n`` equations evaluated (a progress
     bar). ``timings`` gets each segment's ``(seconds, of which compiling)``.
     ``kernels`` holds those of the fold handed out before the batch (see
-    :mod:`pejit._fold._offload`).
+    :mod:`pejit._fold._offload`); ``loops``, the chains the worker ran
+    ahead (see :class:`pejit._fold._compiled.LoopsAhead`).
     """
     env = dict(env)
     uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
@@ -332,7 +334,7 @@ def run_batch(
         for seg in segments:
             start, compiling = time.perf_counter(), [0.0]
             whole = {"compiled": functools.partial(_compiled.run, compiling=compiling), "program": _stage,
-                     "loop": functools.partial(_compiled.run_chain, chain=seg.chain, compiling=compiling)}.get(seg.backend)
+                     "loop": functools.partial(_compiled.run_chain, chain=seg.chain, compiling=compiling, ahead=loops)}.get(seg.backend)
             if whole is not None:  # the segment at once: compiled (a loop too), or staged as one equation
                 for r in seg.recipes:
                     refolds.restore(r, env)

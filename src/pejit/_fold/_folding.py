@@ -117,7 +117,7 @@ class Folder:
         self._warm = warm and options.backend in ("auto", "eager")
         # an unrolled loop's compiled loop, compiled as the trace records it
         ahead = early_kernels and self._early and self._kernels.enabled and options.backend == "auto"
-        self._loops = _compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike) if ahead else None
+        self._loops = _compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike, _offload.submit) if ahead else None
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
@@ -309,9 +309,9 @@ class Folder:
                     unfused.update(invars)
         needed.reverse()
         self._folds.clear()  # the trace is over: nothing is folded again
-        self._loops = None
         self._value_keys.clear()
         values = self._materialize(needed, final=True)
+        self._loops = None
         if self._own_kernels:
             self._kernels.close()
         kept.reverse()
@@ -483,10 +483,10 @@ class Folder:
                 env = {v: x for v, x in self._materialized.items() if v in inside or v in wanted}
                 self._materialized = {v: x for v, x in env.items() if v in wanted}
                 values = _batch.run_batch(plan, _handover(env), outputs, self._keep, tick, timings,
-                                          kernels=self._kernels)
+                                          kernels=self._kernels, loops=self._loops)
             else:
                 values = _batch.run_batch(plan, self._materialized, outputs, self._keep, tick, timings,
-                                          kernels=self._kernels)
+                                          kernels=self._kernels, loops=self._loops)
             self._materialized.update(zip(outputs, values))
             number = self.stats.batches[-1].batch + 1 if self.stats.batches else 0
             self.stats.batches.extend(

@@ -479,6 +479,11 @@ def _lower(prim, params, specs) -> _Kernel | None:
         return None
 
 
+def submit(fn: Callable[[], Any]) -> concurrent.futures.Future:
+    """Run ``fn`` on the worker, after what it was handed before."""
+    return _pool().submit(fn)
+
+
 def compiled_ahead(lowered) -> _Kernel:
     """``lowered``, compiling on the worker from now: call it with its arguments
     as one sequence (it waits for the compilation, or compiles here)."""
