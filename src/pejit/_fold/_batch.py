@@ -325,8 +325,7 @@ def run_batch(
     eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
     ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
     refolds = _refold.Refolds([r for seg in segments for r in seg.recipes], env, uses, kernels,
-                              _offload.spare() if kernels.enabled else None,
-                              kept=sum(nbytes(v.aval) for v in wanted if _is_var(v) and v not in env))
+                              _offload.spare() if kernels.enabled else None, outputs=wanted)
     position = -1  # in eager, for the kernels handed out ahead
     step = -1  # in the batch, for the values computed again
     trimmer = _trim.Trimmer() if refolds.trims else None  # what it frees goes back as it runs

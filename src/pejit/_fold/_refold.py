@@ -11,7 +11,7 @@ import contextlib
 import functools
 import heapq
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from .. import _compat
@@ -74,9 +74,9 @@ class Refolds:
     before that read.
 
     Unless holding them all takes at most :data:`HOLD_ALL` bytes at once,
-    or at most the ``kept`` bytes of the batch's outputs or the bytes one
-    of its equations reads (times :data:`HOLD_KEPT`; ``trims``): then none
-    is dropped, and the batch trims the heap as it runs
+    or at most the bytes of the batch's ``outputs`` yet to compute or the
+    bytes one of its equations reads (times :data:`HOLD_KEPT`; ``trims``):
+    then none is dropped, and the batch trims the heap as it runs
     (:mod:`pejit._fold._trim`), which keeps the process's memory near what
     it holds. The full-size WaveEquation2D then computed none of its 65
     values again, and its first result came 15-20% sooner. The outputs are
@@ -88,7 +88,7 @@ class Refolds:
     """
 
     def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
-                 worker: concurrent.futures.Executor | None = None, kept: int = 0):
+                 worker: concurrent.futures.Executor | None = None, outputs: Collection[Any] = ()):
         self._kernels = kernels  # pejit._fold._offload.Kernels: a kernel runs again by its lowering
         self._worker = worker  # computes dropped values again ahead of their reads
         self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
@@ -118,6 +118,7 @@ class Refolds:
                 pinned.update(a for a in inputs if a in env)
         for a in pinned:  # kept for the recomputations (small, defined before the batch)
             uses[a] += 1
+        kept = sum(nbytes(v.aval) for v in outputs if _is_var(v) and v not in env)
         # Holding them all spares computing them again; past REMAT_HELD the
         # heap grows with them, and the batch trims it (pejit._fold._trim)
         most = self._held_at_most()
