@@ -297,7 +297,8 @@ class LoopsAhead:
     ``sin(c) * 1.001 + 0.5`` on a 256x256 constant). The trace cuts runs
     as :func:`pejit._fold._batch.plan_batch` does and asks its cost model,
     and guesses the rest (that nothing but the carry is read outside the
-    steps): a wrong guess costs the worker a compilation, nothing else.
+    steps): a wrong guess costs the worker a compilation (and the steps it
+    ran ahead, below), nothing else.
     Call :meth:`record` with each recipe the trace records, in order;
     ``ahead(lowered)`` starts compiling a program on the worker, and calling
     what it returns with the program's arguments (as one sequence) runs it
