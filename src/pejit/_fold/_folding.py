@@ -117,7 +117,8 @@ class Folder:
         self._warm = warm and options.backend in ("auto", "eager")
         # an unrolled loop's compiled loop, compiled as the trace records it
         ahead = early_kernels and self._early and self._kernels.enabled and options.backend == "auto"
-        self._loops = _compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike, _offload.submit) if ahead else None
+        self._loops = (_compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike, _offload.submit)
+                       if ahead else None)
 
     def child(self) -> Folder:
         """A folder for a nested trace (a loop body): same options, same stats."""
