@@ -332,7 +332,6 @@ class LoopsAhead:
         self._kinds: dict[Any, tuple[bool, bool]] = {}  # see fusion_kind
         self._chain: tuple[Any, dict] | None = None  # (first step, carry) of the chain being recorded
         self._last: list | None = None  # the last run ended, if fusible
-        self._steps = 0
         self._started: set = set()
 
     def record(self, recipe) -> None:
@@ -364,15 +363,15 @@ class LoopsAhead:
         if self._chain is None:
             if not _starts(last, carry) or any(isinstance(a, _compat.Tracer) for r in last for a in r.args):
                 return
-            self._chain, self._steps, self._steps_run = (last, carry), 1, [last]
-        self._steps += 1
+            self._chain, self._steps_run = (last, carry), [last]
         self._steps_run.append(run)
-        if self._steps >= MIN_STEPS and self._pays(run, self._steps):
+        steps = len(self._steps_run)
+        if steps >= MIN_STEPS and self._pays(run, steps):
             self._compile(*self._chain)
             self._begun = True
 
     def _reset(self) -> None:
-        self._chain, self._steps, self._begun, self._steps_run = None, 0, False, []
+        self._chain, self._begun, self._steps_run = None, False, []
 
     def take(self, key, recipes: Sequence[Any], n: int, inputs: Sequence[Any]) -> tuple[int, Any]:
         """``(steps, carry)``: the carry after the first ``steps`` steps (of
