@@ -15,12 +15,12 @@ an ``ImportError`` that names it, not deep inside a trace.
 Internals used, why no public API does the job, and where versions differ:
 
 * ``core`` trace machinery (``trace_ctx``, ``set_current_trace``,
-  ``eval_trace``, ``ensure_no_leaks``) and ``partial_eval.DynamicJaxprTrace``
-  / ``DynamicJaxprTracer``: pejit traces the user's function with its own
-  subclass of ``DynamicJaxprTrace`` so that it can decide, equation by
-  equation, whether to evaluate (fold) or to stage, and builds the residual
-  jaxpr as ``jax.make_jaxpr`` does (``trace_to_jaxpr_dynamic``; the subclass
-  is :mod:`pejit._fold._staging`'s, on the classes and contexts exported below). The public
+  ``eval_trace``, ``ensure_no_leaks``, ``trace_state_strong_ref``) and
+  ``partial_eval.DynamicJaxprTrace`` / ``DynamicJaxprTracer``: pejit traces
+  the user's function with its own subclass of ``DynamicJaxprTrace`` so that
+  it can decide, equation by equation, whether to evaluate (fold) or to
+  stage, and builds the residual jaxpr as ``jax.make_jaxpr`` does (the
+  subclass is :mod:`pejit._fold._staging`'s). The public
   ``jax.ensure_compile_time_eval`` folds *everything* whose inputs are
   concrete, including ``jax.debug.print`` and ``io_callback``, which must stay
   in the residual program. ``Primitive.bind_with_trace`` takes the input
@@ -46,6 +46,8 @@ Internals used, why no public API does the job, and where versions differ:
   ``move_binders_to_back``: splitting a loop body into the part that depends
   only on known carries/inputs and the rest, as JAX's own scan
   partial-evaluation rule does (there is no public jaxpr-splitting API).
+* ``ad.custom_lin_p``: the equation forward-mode differentiation leaves for
+  a ``custom_vjp`` call's backward rule, which pejit folds.
 * ``scan``'s parameters: ``num_consts``/``num_carry`` (and ``linear`` before
   0.10) until 0.10.2; the flat trees ``ft_in``/``ft_out`` (``jax._src.flattree``)
   from 0.11.0. :class:`ScanParams` reads and rebuilds both, keeping JAX's own
@@ -130,6 +132,7 @@ try:
     from jax._src import linear_util as lu
     from jax._src import source_info_util
     from jax._src import util as _util
+    from jax._src.interpreters import ad as _ad
     from jax._src.interpreters import mlir as _mlir
     from jax._src.interpreters import partial_eval as _pe
 except ImportError as e:  # pragma: no cover - only on an unsupported JAX
@@ -158,8 +161,7 @@ def debug_info(traced_for: str, fun: Callable, args: Sequence[Any], kwargs: dict
 def unnamed_debug_info(traced_for: str, n_in: int, n_out: int):
     """Debug info with unnamed arguments and results, for a jaxpr pejit builds itself
     (JAX 0.7 wants every result path; later versions take None for unknown)."""
-    return debug_info(traced_for, unnamed_debug_info, (), {})._replace(
-        arg_names=("",) * n_in, result_paths=("",) * n_out)
+    return _unnamed(debug_info(traced_for, unnamed_debug_info, (), {}), arg_names=n_in, result_paths=n_out)
 
 
 try:  # traceback filtering, as jax.jit does it
@@ -211,6 +213,7 @@ _REQUIRED = [
     (_mlir, "_lowerings", "which primitives can be compiled"),
     (_pe, "_cached_abstract_eval", "the fold's abstract evaluation, cached as staging caches it"),
     (_public_pe, "dce_jaxpr", "dead-code elimination"),
+    (_ad, "custom_lin_p", "a custom_vjp call's backward rule, as differentiation leaves it"),
     (_xcore, "ClosedJaxpr", "closed jaxprs"),
 ]
 
@@ -262,6 +265,12 @@ elif hasattr(_config, "axis_env_state"):  # JAX 0.7: the environment's hashable 
     AXIS_ENV, NO_AXES = _config.axis_env_state, ()
 else:  # pragma: no cover - only on an unsupported JAX
     raise _missing("core.axis_env_state", "the named axes in effect")
+
+
+#: The current trace: ``TRACE.value is eval_trace`` outside every transformation
+#: (a context-local state, cheap to read on the hot path; JAX 0.7 keeps it on ``trace_ctx``).
+TRACE = getattr(core, "trace_state_strong_ref", None) or type(
+    "Trace", (), {"value": property(lambda self: core.trace_ctx.trace)})()
 
 
 def axis_env_key() -> tuple:
@@ -329,7 +338,7 @@ move_binders_to_back = _pe.move_binders_to_back
 # public as jax.extend.core.new_jaxpr_eqn from JAX 0.8 only
 new_jaxpr_eqn = core.new_jaxpr_eqn
 new_var = core.Var  # Var(aval) and DropVar(aval) on every version we support
-drop_var = core.DropVar
+drop_var = core.DropVar  # an output binder nobody reads (``_`` in printed jaxprs)
 no_effects = core.no_effects
 
 # JAX < 0.11.1 pairs constvars with consts explicitly; later, attached values
@@ -355,36 +364,16 @@ def close_jaxpr(jaxpr: Jaxpr, consts: Sequence[Any]) -> ClosedJaxpr:
 
 def with_invars(jaxpr: Jaxpr, invars: Sequence[Any]) -> Jaxpr:
     """``jaxpr`` with new input binders, unnamed (JAX 0.7 needs a tuple of names)."""
-    dbg = jaxpr.debug_info
-    if dbg is not None:
-        dbg = dbg._replace(arg_names=("",) * len(invars))
-    return jaxpr.replace(invars=list(invars), debug_info=dbg)
+    return jaxpr.replace(invars=list(invars), debug_info=_unnamed(jaxpr.debug_info, arg_names=len(invars)))
 
 
 def with_outvars(jaxpr: Jaxpr, outvars: Sequence[Any]) -> Jaxpr:
     """``jaxpr`` with new outputs, unnamed (JAX 0.7 needs a tuple of result paths)."""
-    dbg = jaxpr.debug_info
-    if dbg is not None:
-        dbg = dbg._replace(result_paths=("",) * len(outvars))
-    return jaxpr.replace(outvars=list(outvars), debug_info=dbg)
+    return jaxpr.replace(outvars=list(outvars), debug_info=_unnamed(jaxpr.debug_info, result_paths=len(outvars)))
 
 
-def is_drop_var(v: Any) -> bool:
-    """Whether ``v`` is an output binder nobody reads (``_`` in printed jaxprs)."""
-    return isinstance(v, core.DropVar)
-
-
-def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
-    """Drop dead equations (e.g. unused lazy expansions) and unused constants.
-
-    ``jaxpr`` is open (its leading inputs are ``consts``). Effectful
-    equations are kept; every other input is kept, so the signature does
-    not change.
-    """
-    n = len(consts)
-    keep = [False] * n + [True] * (len(jaxpr.invars) - n)
-    dced, used = dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
-    return dced, [c for c, u in zip(consts, used[:n]) if u]
+def _unnamed(dbg: Any, **counts: int) -> Any:
+    return None if dbg is None else dbg._replace(**{k: ("",) * n for k, n in counts.items()})
 
 
 # -- scan parameters ----------------------------------------------------------
@@ -546,6 +535,9 @@ def primitive_effects(prim, avals: Sequence[Any], params: dict):
 #: methods overridden or called, checked at import).
 DynamicJaxprTrace = _pe.DynamicJaxprTrace
 DynamicJaxprTracer = _pe.DynamicJaxprTracer
+#: What JAX's forward-mode differentiation of a ``custom_vjp`` call leaves for
+#: the backward rule: a linear equation whose transpose runs the rule.
+custom_lin_p = _ad.custom_lin_p
 #: ``eager_constant_folding(on)``: context scoping JAX's own folding of
 #: operations on concrete values (never set globally).
 eager_constant_folding = _config.eager_constant_folding
@@ -567,6 +559,14 @@ def var_aval(var: Any) -> Any:
 def with_result_paths(dbg: Any, paths: tuple[str, ...]) -> Any:
     """Debug info ``dbg`` with its result paths resolved (JAX 0.7 requires them in ``to_jaxpr``)."""
     return dbg._replace(result_paths=paths)
+
+
+def with_arity(dbg: Any, n_in: int, n_out: int | None = None) -> Any:
+    """Debug info ``dbg`` for a function of ``n_in`` arguments (names kept where they
+    fit: JAX checks their count) and, given ``n_out``, as many unnamed results."""
+    if dbg.arg_names is None or len(dbg.arg_names) != n_in:
+        dbg = _unnamed(dbg, arg_names=n_in)
+    return dbg if n_out is None else _unnamed(dbg, result_paths=n_out)
 
 
 def as_traced(traced: jax.stages.Traced, cls: type) -> jax.stages.Traced:

@@ -31,7 +31,8 @@ from ._calls._info import fixed_positions, parse_pejit_arguments, split_call
 from ._calls._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
 from ._calls._program import OtherSignature, Program, Specialization
 from ._calls._specializer import jit_kwargs_for, make_runner, specialize
-from ._fold._staging import ClosedOverTracer, specializing
+from ._calls._derivatives import jvp_of, traced_call
+from ._fold._staging import ClosedOverTracer, StagingTrace, specializing
 from ._calls._stages import Lowered, Traced
 
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -98,7 +99,7 @@ class Pejitted:
     # and caches to another (``pejit(jax.grad(h))`` ran ``h``). The
     # ``__dict__`` holds only the wrapped function's attributes, as jax.jit's.
     __slots__ = ("info", "_jitted", "_options", "_caches", "_layouts", "_dispatch", "_lock", "_warned",
-                 "_hints_given", "__dict__", "__weakref__")
+                 "_hints_given", "_jvp", "__dict__", "__weakref__")
 
     def __init__(self, fun: Callable, **options: Any):
         jit = options.get("jit", True)
@@ -117,6 +118,7 @@ class Pejitted:
         self._lock = threading.RLock()  # layouts, the warning
         self._warned = False
         self._hints_given: set[str] = set()  # see _errors.check_constants/check_folded
+        self._jvp: Pejitted | None = None  # its derivative's pejit function (see _run)
         functools.update_wrapper(self, fun)
 
     @property
@@ -189,7 +191,7 @@ class Pejitted:
             # The last specialization of these constants; jax.jit's dispatch
             # checks the dynamic arguments' types.
             try:
-                out = spec.call(*dyn_args, **dyn_kwargs)
+                out = self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
             except OtherSignature:
                 cache.several(constants)
             else:
@@ -205,7 +207,32 @@ class Pejitted:
             # (or fails on a leaked one, as jax.jit's call does).
             return self.info.fun(*args, **kwargs)
         self._memoize(args, kwargs, layout, key, spec)
-        return spec.call(*dyn_args, **dyn_kwargs)
+        return self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
+
+    def _run(self, spec: Specialization, args: tuple, kwargs: dict, layout: Layout, dyn_args: tuple,
+             dyn_kwargs: dict):
+        """Run ``spec``'s residual for a call; under a transformation, with pejit's derivative
+        rule (see :mod:`pejit._calls._derivatives`). Not inside a fold (the folding trace
+        differentiates nothing; the enclosing function's derivative is folded whole), nor
+        for ``pe`` staged into a jaxpr: ``jax.make_jaxpr`` of it shows its residual program,
+        as of TFC's ``pe`` (its derivatives under ``jax.grad`` or ``jax.jacfwd`` still fold)."""
+        trace = _compat.TRACE.value
+        if (trace is _compat.eval_trace or isinstance(trace, StagingTrace) or not self.info.fold_options.derivatives
+                or (not self.info.jit and type(trace) is _compat.DynamicJaxprTrace)):
+            return spec.call(*dyn_args, **dyn_kwargs)
+        const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
+        return traced_call(self._derivative(), spec.call, const_pos, const_kw, dyn_args, dyn_kwargs)
+
+    def _derivative(self) -> Pejitted:
+        """The pejit function of ``jax.jvp`` of this one, its argument 0 (this one's
+        constants and statics) constant: this function's derivatives, folded."""
+        with self._lock:
+            if self._jvp is None:
+                self._jvp = Pejitted(jvp_of(self.info.fun), constant_argnums=0, jit=self.info.jit,
+                                     fold_options=self.info.fold_options)
+                # the hints are about the user's function (given there), not its derivative
+                self._jvp._hints_given.update(("writable", "nothing", "respecializing"))
+            return self._jvp
 
     def _memoize(self, args: tuple, kwargs: dict, layout: Layout, key: tuple, spec: Specialization) -> None:
         """Make this call's specialization the memo, if the dispatcher can recognize its constants

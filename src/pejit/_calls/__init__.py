@@ -10,8 +10,9 @@ folded constants on disk across processes (residual programs written by
 ``_jaxpr_json``); ``_program`` is what a specialization is made of
 (residual program, folding program, constants). Beside them: ``_stages``
 (``Traced``, ``Lowered``, ``Compiled``), ``_errors`` (checks and warnings
-that point at the user's line) and ``_unfolded`` (the unfolded program
-``explain`` shows).
+that point at the user's line), ``_unfolded`` (the unfolded program
+``explain`` shows) and ``_derivatives`` (a call under a transformation:
+its derivatives folded as functions of their own).
 
 Imports: ``_residual``, ``_reports``, ``_fold`` and ``_compat``; never the
 public surface above it.

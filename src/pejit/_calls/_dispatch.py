@@ -76,8 +76,10 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     (another constant, a constant keyword among ``fixed_names``, dynamic
     arguments of another type) to ``uncached``; so do all calls while
     ``disable_jit.value`` is true (``jax.disable_jit()``'s state, for a
-    compiled function) or named axes are in effect (``vmap`` with an axis
-    name: the full key includes them).
+    compiled function), named axes are in effect (``vmap`` with an axis
+    name: the full key includes them) or a transformation traces the call
+    (``jax.grad``, ``jax.jit``, ...: it gets pejit's derivative rule, see
+    :mod:`pejit._calls._derivatives`).
 
     With ``bound`` (the TFC form: the constants by position, bound once),
     the call takes the dynamic arguments only, positionally, and compares
@@ -87,7 +89,7 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     An id in the memo only ever comes from a live constant: a ``jax.Array``
     is watched (dead ones are purged first), anything else is held by the memo.
     """
-    unusual = ["axes.value is not no_axes"]
+    unusual = ["axes.value is not no_axes", "trace.value is not eval_trace"]
     if disable_jit is not None:
         unusual.append("disable_jit.value")
     if fixed_names:
@@ -118,6 +120,7 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     namespace = cache._asdict() | constants | {
         "route": route, "uncached": uncached, "disable_jit": disable_jit, "fixed_names": fixed_names,
         "axes": _compat.AXIS_ENV, "no_axes": _compat.NO_AXES, "OtherSignature": OtherSignature,
+        "trace": _compat.TRACE, "eval_trace": _compat.eval_trace,
     }
     exec(compile(source, GENERATED, "exec"), namespace)  # noqa: S102
     return namespace["dispatch"]

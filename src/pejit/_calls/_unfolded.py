@@ -22,6 +22,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
 from .._fold._folding import Folder
+from .._fold._primitives import prune
 from .._fold._staging import trace_staging
 from .._reports._report import FoldReport
 from ._argnums import interleave
@@ -77,7 +78,7 @@ def original(pj: Any, args: tuple, kwargs: dict) -> ClosedJaxpr:
 
     jaxpr, consts = trace_staging(flat_fun, avals, StageAll(), name="explain")
     # Values Python asked for (``if A.sum() > 0``) leave dead equations behind.
-    return _compat.close_jaxpr(*_compat.prune(jaxpr, consts))
+    return _compat.close_jaxpr(*prune(jaxpr, consts))
 
 
 __all__ = ["StageAll", "explained", "original"]

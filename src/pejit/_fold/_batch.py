@@ -436,7 +436,7 @@ def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
     def recipe(e, rename):
         args = (rename.get(a, a) if _is_var(a) else a for a in e.invars)
         return Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in args), e.params,
-                      tuple(None if _compat.is_drop_var(v) else rename.get(v, v) for v in e.outvars))
+                      tuple(None if isinstance(v, _compat.drop_var) else rename.get(v, v) for v in e.outvars))
 
     out = []
     for e in eqns:
@@ -445,7 +445,7 @@ def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
             continue
         body = e.params["jaxpr"].jaxpr
         rename = dict(zip(body.invars, e.invars))
-        rename.update((b, v) for b, v in zip(body.outvars, e.outvars) if not _compat.is_drop_var(v))
+        rename.update((b, v) for b, v in zip(body.outvars, e.outvars) if not isinstance(v, _compat.drop_var))
         for b in body.eqns:
             rename.update((v, _compat.new_var(v.aval)) for v in b.outvars if v not in rename)
             out.append(recipe(b, rename))

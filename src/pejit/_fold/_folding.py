@@ -45,7 +45,7 @@ from ._batch import nbytes
 from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
 from ._options import FoldOptions
-from ._primitives import ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, params_key
+from ._primitives import CALLBACKS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, params_key
 from ._staging import policy_of
 from ._stats import FoldStats, label
 
@@ -120,10 +120,15 @@ class Folder:
         self._loops = (_compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike, _offload.submit)
                        if ahead else None)
 
-    def child(self) -> Folder:
-        """A folder for a nested trace (a loop body): same options, same stats."""
+    #: Whether the work traced may never run (a branch, a while loop's body): its
+    #: callbacks are not folded (see :data:`CALLBACKS`).
+    speculative: bool = False
+
+    def child(self, speculative: bool = False) -> Folder:
+        """A folder for a nested trace (a loop body, a branch): same options, same stats."""
         child = Folder(self.options, self.progress, early_kernels=False, warm=False)  # its batches may not run
         child.stats = self.stats
+        child.speculative = self.speculative or speculative
         return child
 
     # -- the policy -------------------------------------------------------
@@ -156,7 +161,7 @@ class Folder:
         except Exception as e:
             return self._evaluate_now(prim, args, params, e)
         out_avals = out_avals if prim.multiple_results else [out_avals]
-        if effects:
+        if effects or (self.speculative and prim.name in CALLBACKS):
             self.stats.effects_kept[label(prim, params)] += 1
             return NotImplemented
         if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):

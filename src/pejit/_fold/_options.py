@@ -28,7 +28,15 @@ class FoldOptions:
         branch; with an unknown index, known work in branches is hoisted.
       calls: nested ``jax.jit`` calls with some known inputs (or closed-over
         constants) are specialized through (inlined), so the known work
-        inside them folds; ``jax.checkpoint`` bodies are folded in place.
+        inside them folds; ``jax.checkpoint`` bodies are folded in place;
+        so are ``custom_jvp``/``custom_vjp`` functions, and the backward
+        rules that forward-mode differentiation leaves (``custom_lin``).
+      derivatives: a derivative of a pejit function (``jax.grad``,
+        ``jax.jvp``, ``jax.vjp``, ... of it) is folded as a function of its
+        own, ``jax.jvp`` of the function at the same constants, so the
+        constant work of custom derivative rules folds too (see
+        `pejit._calls._derivatives`); off, JAX differentiates the residual
+        program.
       loops: loop-invariant known work in ``scan``/``while_loop`` bodies is
         hoisted out and folded, and so are carries that stay known.
       rematerialize: cheap expansions of known values stay in the residual
@@ -75,6 +83,7 @@ class FoldOptions:
 
     branches: bool = True
     calls: bool = True
+    derivatives: bool = True
     loops: bool = True
     rematerialize: bool = True
     literals: bool = True

@@ -8,10 +8,13 @@ counts elementwise work. Each reads its kinds here.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.extend.core import primitives as P
+from jax.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
 
 #: Primitives that only move, replicate or create data cheaply: folding them
 #: can blow a small known value up into a large constant.
@@ -73,6 +76,11 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 #: starts at them (``sin(c) * a + b`` steps: 0.36 s as one program of 50,
 #: 0.69 s op by op). See :func:`pejit._fold._batch.plan_batch`.
 FUSED_FIRST = frozenset(["sin", "cos", "tan"])
+
+#: Primitives that run Python the program may never run: folded only where the
+#: program surely runs them, not in a branch or a while loop's body, whose known
+#: work is hoisted whether it runs or not (Equinox's error checks raise there).
+CALLBACKS = frozenset(["pure_callback"])
 
 #: JAX's custom-derivative calls, by name (their bodies close over Python functions).
 CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"])
@@ -212,3 +220,16 @@ def _structure(jaxpr) -> tuple:
         for e in jaxpr.eqns
     )
     return head, eqns, tuple(map(atom, jaxpr.outvars)), frozenset(jaxpr.effects)
+
+
+def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
+    """Drop dead equations (e.g. unused lazy expansions) and unused constants.
+
+    ``jaxpr`` is open (its leading inputs are ``consts``). Effectful
+    equations are kept; every other input is kept, so the signature does
+    not change.
+    """
+    n = len(consts)
+    keep = [False] * n + [True] * (len(jaxpr.invars) - n)
+    dced, used = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    return dced, [c for c, u in zip(consts, used[:n]) if u]

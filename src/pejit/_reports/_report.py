@@ -19,7 +19,7 @@ from typing import Any
 
 from jax.extend.core import Literal
 
-from .._compat import is_drop_var
+from .._compat import drop_var
 from .._fold._flops import jaxpr_flops
 from .._fold._batch import nbytes
 from .._fold._stats import FoldStats
@@ -327,7 +327,7 @@ def format_jaxpr(closed_jaxpr) -> tuple[str, list[str], str]:
     names: dict[Any, str] = {}
 
     def bind(v):
-        names[v] = "_" if is_drop_var(v) else next(fresh)
+        names[v] = "_" if isinstance(v, drop_var) else next(fresh)
         return f"{names[v]}:{_type(v.aval)}"
 
     def use(v):

@@ -298,7 +298,7 @@ def collapse(
     them), and building them at most `BUILD_FLOPS` (`HOST_BUILD_FLOPS` when
     the host builds them). Returns the new jaxpr (open, with its constants)
     and what was collapsed; dead equations and constants are left for
-    ``_compat.prune``.
+    ``pejit._fold._primitives.prune``.
     """
     n = len(consts)
     kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))

@@ -42,7 +42,7 @@ def eliminate(jaxpr):
         invars = [rename.get(a, a) if isinstance(a, _compat.Var) else a for a in eqn.invars]
         eqn = eqn.replace(invars=invars)
         key = None
-        if not eqn.effects and not any(map(_compat.is_drop_var, eqn.outvars)):
+        if not eqn.effects and not any(isinstance(v, _compat.drop_var) for v in eqn.outvars):
             key = (eqn.primitive, params_key(eqn.params), tuple(_atom_key(a, rename) for a in invars))
             try:
                 earlier = seen.get(key)

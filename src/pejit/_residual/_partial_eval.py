@@ -27,7 +27,7 @@ from .._fold._options import FoldOptions
 from .._fold._stats import FoldStats
 from .._fold._gc import pausing
 from .._fold._host import remembering
-from .._fold._primitives import FUSES_OPERANDS
+from .._fold._primitives import FUSES_OPERANDS, prune
 from .._fold._progress import Progress
 from .._reports._report import FoldReport
 from .._fold._staging import trace_staging
@@ -113,13 +113,13 @@ def fold(
         # eagerly inside bodies instead. A genuinely dynamic value fails again.
         folder = Folder(options, progress)
         jaxpr, consts = trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
-    jaxpr, consts = _compat.prune(jaxpr, consts)
+    jaxpr, consts = prune(jaxpr, consts)
     jaxpr = _cse.eliminate(jaxpr)  # so that the collapse costs a shared primal once
     if options.affine:
         jaxpr, consts, collapsed = _collapse.collapse(jaxpr, consts, options.affine_max_bytes, options.backend)
         if collapsed:
             folder.stats.collapsed.extend(collapsed)
-            jaxpr, consts = _compat.prune(jaxpr, consts)
+            jaxpr, consts = prune(jaxpr, consts)
     if options.literals:
         jaxpr, consts = _inline_scalars(jaxpr, consts)
         plan = share_constants(jaxpr, consts)

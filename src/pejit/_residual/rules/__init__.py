@@ -76,7 +76,7 @@ from ... import _compat
 from ..._fold._fold_rules import register_fold_rule
 from .branches import fold_cond
 from .calls import fold_checkpoint, fold_jit
-from .custom import fold_custom_jvp, fold_custom_vjp, fold_linear_solve
+from .custom import fold_custom_jvp, fold_custom_lin, fold_custom_vjp, fold_linear_solve
 from .expansions import fold_dot_general
 from .loops import fold_scan, fold_while
 
@@ -90,6 +90,7 @@ register_fold_rule(P.while_p)(fold_while)
 register_fold_rule(P.dot_general_p, deferred=True)(fold_dot_general)
 register_fold_rule(P.custom_vjp_call_p)(fold_custom_vjp)
 register_fold_rule(P.custom_jvp_call_p)(fold_custom_jvp)
+register_fold_rule(_compat.custom_lin_p)(fold_custom_lin)
 register_fold_rule(P.linear_solve_p)(fold_linear_solve)
 
 # Rules that leave an equation whose inputs are all known (and not lazy) to

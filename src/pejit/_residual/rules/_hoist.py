@@ -15,6 +15,7 @@ from jax.extend.core import ClosedJaxpr
 
 from ... import _compat
 from ..._fold._folding import Folder, replay
+from ..._fold._primitives import prune
 from ..._fold._staging import trace_staging
 
 
@@ -22,7 +23,8 @@ from ..._fold._staging import trace_staging
 DYNAMIC = object()
 
 
-def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False):
+def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False,
+          speculative: bool = False):
     """Fold the work of ``body`` that depends only on its concrete ``args``.
 
     ``args`` are ``body``'s inputs: values (concrete, or abstract constants
@@ -30,36 +32,51 @@ def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool
     its literals and closed-over constants are known too. Returns the new
     body and its arguments: the folded values it still needs, then the
     non-concrete ``args`` in order. Returns ``None`` when nothing could be
-    folded (unless ``force``).
+    folded (unless ``force``). ``speculative``: the body may never run (see
+    :attr:`Folder.speculative`).
     """
-    concrete = [a is not DYNAMIC and not folder.is_staged(a) for a in args]
-    unknown_avals = [aval for aval, k in zip(body.in_avals, concrete) if not k]
-
-    def interpret(*unknown):
-        it = iter(unknown)
-        return replay(_compat.core_trace(), body, [a if k else next(it) for a, k in zip(args, concrete)])
-
     stats = folder.stats
     before = (Counter(stats.folded), stats.eliminated_branches)
-    jaxpr, hoisted = trace_staging(interpret, unknown_avals, folder.child(), name="body")
-    jaxpr, hoisted = _compat.prune(jaxpr, hoisted)
-    if not force and not any(concrete) and before == (stats.folded, stats.eliminated_branches):
+    new_body, new_args = hoist_call(folder, lambda *xs: replay(_compat.core_trace(), body, xs), args, body.in_avals,
+                                    speculative=speculative)
+    concrete = any(a is not DYNAMIC and not folder.is_staged(a) for a in args)
+    if not force and not concrete and before == (stats.folded, stats.eliminated_branches):
         return None  # nothing known inside: keep the body as it was
-    new_out = [v.aval for v in jaxpr.outvars]
+    new_out = [v.aval for v in new_body.jaxpr.outvars]
     if [(a.shape, a.dtype) for a in new_out] != [(a.shape, a.dtype) for a in body.out_avals]:
         return None  # defensive: replaying must not change the body's type
     stats.hoisted.update(stats.folded - before[0])
-    new_body = _compat.close_jaxpr(jaxpr, ())
-    return new_body, [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
+    return new_body, new_args
 
 
-def hoist_consts(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False):
+def hoist_call(folder: Folder, fun, args: Sequence[Any], avals: Sequence[Any], *, speculative: bool = False):
+    """Trace ``fun`` on ``args`` (of types ``avals``), its work on the concrete ones folded.
+
+    ``args`` are as for :func:`hoist`; the concrete ones reach ``fun`` as
+    they are, so Python sees their values, the others as tracers. Returns
+    the traced body and its arguments: the folded values it needs, then the
+    non-concrete ``args`` in order.
+    """
+    concrete = [a is not DYNAMIC and not folder.is_staged(a) for a in args]
+    unknown_avals = [aval for aval, k in zip(avals, concrete) if not k]
+
+    def interpret(*unknown):
+        it = iter(unknown)
+        return fun(*[a if k else next(it) for a, k in zip(args, concrete)])
+
+    jaxpr, hoisted = trace_staging(interpret, unknown_avals, folder.child(speculative), name="body")
+    jaxpr, hoisted = prune(jaxpr, hoisted)
+    return _compat.close_jaxpr(jaxpr, ()), [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
+
+
+def hoist_consts(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False,
+                 speculative: bool = False):
     """:func:`hoist` for a body whose leading inputs are ``consts``, the rest dynamic.
 
     Returns the new body and its new leading constants, or ``None``.
     """
     n_rest = len(body.in_avals) - len(consts)
-    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force)
+    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force, speculative=speculative)
     if hoisted is None:
         return None
     new_body, new_args = hoisted

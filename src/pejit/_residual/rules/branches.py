@@ -42,7 +42,7 @@ def hoist_branches(folder: Folder, trace, prim, index, operands, params):
     """
     if all(map(folder.is_staged, operands)):
         return NotImplemented
-    hoisted = [hoist_consts(folder, b, operands, force=True) for b in params["branches"]]
+    hoisted = [hoist_consts(folder, b, operands, force=True, speculative=True) for b in params["branches"]]
     if any(h is None for h in hoisted):
         return NotImplemented
     dynamic = [o for o in operands if folder.is_staged(o)]

@@ -110,7 +110,7 @@ def _split(closed, known, expands):
         return None
     read = {a for atoms in [*(e.invars for e in rest), jaxpr.outvars]
             for a in atoms if isinstance(a, _compat.Var)}  # outputs may be literals (unhashable)
-    produced = [v for e in part for v in e.outvars if v in read and not _compat.is_drop_var(v)]
+    produced = [v for e in part for v in e.outvars if v in read and not isinstance(v, _compat.drop_var)]
     inputs = [i for i, k in enumerate(known) if k]
     part_jaxpr = _compat.with_outvars(
         _compat.with_invars(jaxpr.replace(eqns=part), [jaxpr.invars[i] for i in inputs]), produced)

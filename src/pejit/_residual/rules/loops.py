@@ -49,7 +49,7 @@ def fold_scan(folder: Folder, trace, prim, args, params):
     scan = _compat.ScanParams(params)
     n_consts = scan.num_consts
     consts, rest = args[:n_consts], args[n_consts:]
-    hoisted = hoist_consts(folder, params["jaxpr"], consts)
+    hoisted = hoist_consts(folder, params["jaxpr"], consts, speculative=params["length"] == 0)
     n_known = 0
     if hoisted is not None:
         body, new_consts = hoisted
@@ -135,11 +135,11 @@ def fold_while(folder: Folder, trace, prim, args, params):
     cconsts, bconsts, init = args[:cn], args[cn : cn + bn], args[cn + bn :]
     cond, body = params["cond_jaxpr"], params["body_jaxpr"]
     n_known_c = n_known_b = 0
-    if (hoisted := hoist_consts(folder, cond, cconsts)) is not None:
+    if (hoisted := hoist_consts(folder, cond, cconsts)) is not None:  # the condition runs at least once
         cond, new = hoisted
         n_known_c = len(new) - sum(map(folder.is_staged, cconsts))
         cconsts = new
-    if (hoisted := hoist_consts(folder, body, bconsts)) is not None:
+    if (hoisted := hoist_consts(folder, body, bconsts, speculative=True)) is not None:
         body, new = hoisted
         n_known_b = len(new) - sum(map(folder.is_staged, bconsts))
         bconsts = new

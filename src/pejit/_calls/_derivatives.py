@@ -1,0 +1,90 @@
+"""A pejit function's derivatives, folded as functions of their own.
+
+``jax.grad`` of a ``jax.jit`` function differentiates the program inside it.
+Differentiating the residual program the same way would be right, but the
+rules of the ``custom_jvp``/``custom_vjp`` calls it keeps (diffrax's and
+Equinox's loops, optimistix's implicit differentiation, ``jnp.logaddexp``)
+would run on the constants at every call: a gradient step through diffrax
+cost 10x the hand-folded one. So a call under a transformation (its
+dynamic arguments are tracers) hands JAX a ``custom_jvp`` call: its primal
+is the residual program, and its JVP rule is pejit's own specialization,
+at the same constants, of ``jax.jvp`` of the function (:func:`jvp_of`),
+which a child ``Pejitted`` of the function keeps. There JAX runs
+the rules under the folding trace, where their constant work folds like
+any other: a ``custom_jvp`` rule and a ``custom_vjp`` forward rule on the
+known values, and the backward rule as the ``custom_lin`` equation that
+forward-mode differentiation leaves (``pejit._residual.rules.custom``).
+Reverse mode is JAX's linearization of that rule, so ``jax.grad``,
+``jax.vjp``, ``jax.jacrev`` and ``jax.hessian`` all go through it; higher
+derivatives are derivatives of the child, folded the same way.
+
+``FoldOptions(derivatives=False)`` lets JAX differentiate the residual
+program instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.custom_derivatives import SymbolicZero
+
+from .. import _compat
+from ._argnums import interleave
+
+_tree_flatten = jax.tree_util.tree_flatten
+_tree_unflatten = jax.tree_util.tree_unflatten
+
+
+def traced_call(derivative: Callable, call: Callable, const_pos: tuple, const_kw: tuple, dyn_args: tuple,
+                dyn_kwargs: dict):
+    """``call(*dyn_args, **dyn_kwargs)`` under a transformation, with pejit's derivative rule.
+
+    ``derivative`` is the child pejit function of :func:`jvp_of`; the call's
+    constant (and static) arguments are ``const_pos`` (positions and
+    values) and ``const_kw`` (names and values). A call whose dynamic
+    arguments are all values runs as it is: nothing differentiates it.
+    """
+    leaves, tree = _tree_flatten((dyn_args, dyn_kwargs))
+    if not any(isinstance(leaf, _compat.Tracer) for leaf in leaves):
+        return call(*dyn_args, **dyn_kwargs)
+
+    def primal(*leaves):
+        args, kwargs = _tree_unflatten(tree, leaves)
+        return call(*args, **kwargs)
+
+    def rule(primals, tangents):
+        perturbed = tuple(type(t) is not SymbolicZero and _compat.typeof(t).dtype != jax.dtypes.float0
+                          for t in tangents)
+        moving = [t for t, p in zip(tangents, perturbed) if p]
+        return derivative(((const_pos, const_kw), (tree, perturbed)), list(primals), moving)
+
+    fun = jax.custom_jvp(primal)
+    fun.defjvp(rule, symbolic_zeros=True)
+    return fun(*leaves)
+
+
+def jvp_of(fun: Callable) -> Callable:
+    """``jax.jvp`` of ``fun``, as the child pejit function of a derivative folds it (its argument 0 constant).
+
+    ``jvp(fixed, primals, tangents)``: ``fixed`` is the constant argument
+    (the call's constants and statics, the structure of its dynamic
+    arguments, which of their leaves are perturbed), ``primals`` the
+    dynamic leaves, ``tangents`` those of the perturbed ones. Returns
+    ``(outputs, output tangents)`` (``float0`` for integer outputs, as
+    ``jax.jvp`` gives them).
+    """
+
+    def jvp(fixed: Any, primals: list, tangents: list):
+        (const_pos, const_kw), (tree, perturbed) = fixed
+
+        def moved(*values):
+            it = iter(values)
+            args, kwargs = _tree_unflatten(tree, [next(it) if p else x for x, p in zip(primals, perturbed)])
+            return fun(*interleave(const_pos, args), **dict(const_kw), **kwargs)
+
+        return jax.jvp(moved, tuple(x for x, p in zip(primals, perturbed) if p), tuple(tangents))
+
+    jvp.__name__ = jvp.__qualname__ = f"jvp_{_compat.fun_name(fun)}"
+    return jvp
