@@ -279,6 +279,17 @@ def test_solve_with_a_constant_matrix_is_one_product():
     assert "custom_linear_solve" in kept and "lu" not in kept
 
 
+def test_solve_of_an_ill_conditioned_matrix_stays_a_solve():
+    # cond_1 of a Hilbert-like matrix: far beyond SOLVE_AS_PRODUCT_COND; the product
+    # would not agree with jax.jit's solve to its precision (JAX's tensorsolve test)
+    H = jnp.asarray(1.0 / (np.arange(5)[:, None] + np.arange(5)[None] + 1), jnp.float32)
+    f = lambda a, x: jnp.linalg.solve(a, x)  # noqa: E731
+    names = residual_names(f, H, X)
+    assert "triangular_solve" in names and "lu" not in names  # the factorization folds, the solve stays
+    np.testing.assert_allclose(pejit(f, constant_argnums=0)(H, X), jax.jit(f)(H, X), rtol=1e-6)
+    assert residual_names(f, A, X).count("dot_general") == 1  # A is well conditioned: a product
+
+
 def test_solve_of_a_constant_product_reassociates():
     K = jnp.asarray(rng.standard_normal((5, 5)), jnp.float32)
     f = lambda mk, y: -jnp.linalg.solve(mk[0], mk[1] @ y)  # noqa: E731  (a vector field)

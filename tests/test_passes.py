@@ -104,6 +104,30 @@ def test_unknown_index_hoists_known_work_out_of_branches():
         assert "cond" in names and not LAPACK & set(names)
 
 
+@pytest.mark.parametrize("where", ["branch", "while body"])
+def test_callbacks_in_code_that_may_not_run_are_not_folded(where):
+    # Equinox's error checks: a callback that raises, in a branch taken (or a body run)
+    # only when the check fails. The fold hoists known work from such code whether it
+    # runs or not: it must not run the callback. (XLA may run it: a pure callback is
+    # hoisted and speculated like any pure operation, under jax.jit too.)
+    def check(ok):
+        return jax.pure_callback(lambda ok: np.asarray(ok) if ok else _raise(), jax.ShapeDtypeStruct((), bool), ok)
+
+    def f(A, x):
+        if where == "branch":
+            return lax.cond(x[0] > 0, lambda x: x + check(A[0, 0] < 0), lambda x: x, x)
+        return lax.while_loop(lambda c: c[0] > 10, lambda c: (c[0] + check(A[0, 0] < 0), 2 * c[1]), (x[0], x))[1]
+
+    residual = pejit.pejit(f, constant_argnums=0).specialize(A, -X)  # the check fails on A
+    assert prims(residual.residual.jaxpr).count("pure_callback") == 1
+    assert residual.report.effects_kept["pure_callback"] == 1
+    assert_matches_jit(f, -A, X)  # where the check passes, jax.jit's values
+
+
+def _raise():
+    raise ValueError("a check that fails")
+
+
 # -- 2. loops ------------------------------------------------------------
 
 
