@@ -245,6 +245,29 @@ def test_scan_bodies_are_not_entered():
         np.testing.assert_allclose(got, np.linalg.matrix_power(np.float64(C1), 3) @ X, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("orient", ["C @ v", "v @ C"])
+def test_products_of_known_matrices_in_a_loop_body_are_one_product(orient):
+    # the collapse does not enter loop bodies; the fold rule reassociates there
+    # (diffrax's backward pass applies K^T (M^-T ct) at every stage)
+    prod = (lambda c, v: c @ v) if orient == "C @ v" else (lambda c, v: v @ c.T)  # noqa: E731
+
+    def f(c1, c2, x):
+        return lax.fori_loop(0, 3, lambda i, v: jnp.tanh(prod(c1, prod(c2, v))), x)
+
+    want = X.astype(np.float64)
+    for _ in range(3):
+        want = np.tanh(np.float64(C1) @ (np.float64(C2) @ want))
+    for residual, got in both_forms(f, (C1, C2), X):
+        body = [e for e in residual.jaxpr.eqns if e.primitive.name in ("scan", "while")][0].params
+        body = body.get("jaxpr") or body["body_jaxpr"]
+        assert [e.primitive.name for e in body.jaxpr.eqns].count("dot_general") == 1
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for residual, _ in both_forms(f, (C1, C2), X, affine=False):
+        body = [e for e in residual.jaxpr.eqns if e.primitive.name in ("scan", "while")][0].params
+        body = body.get("jaxpr") or body["body_jaxpr"]
+        assert [e.primitive.name for e in body.jaxpr.eqns].count("dot_general") == 2
+
+
 # -- a contraction against a broadcast contracts against its source ------------
 
 A3 = (2 * np.eye(3) + rng.standard_normal((3, 3)) / 4).astype(np.float32)

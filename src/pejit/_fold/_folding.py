@@ -123,12 +123,16 @@ class Folder:
     #: Whether the work traced may never run (a branch, a while loop's body): its
     #: callbacks are not folded (see :data:`CALLBACKS`).
     speculative: bool = False
+    #: Whether this folder traces a sub-program (see :meth:`child`), which the
+    #: passes after the trace (the affine collapse) do not enter.
+    nested: bool = False
 
     def child(self, speculative: bool = False) -> Folder:
         """A folder for a nested trace (a loop body, a branch): same options, same stats."""
         child = Folder(self.options, self.progress, early_kernels=False, warm=False)  # its batches may not run
         child.stats = self.stats
         child.speculative = self.speculative or speculative
+        child.nested = True
         return child
 
     # -- the policy -------------------------------------------------------

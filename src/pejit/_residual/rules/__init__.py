@@ -55,7 +55,7 @@ The passes, in one place:
   uniform ones that only fusing equations read become broadcasts of a
   literal (:class:`~pejit._residual._partial_eval.SharePlan`).
 
-``affine`` (:mod:`pejit._residual._affine`, :mod:`pejit._residual._collapse`, :mod:`.expansions`, :mod:`.custom`)
+``affine`` (:mod:`pejit._residual._affine`, :mod:`pejit._residual._collapse`, :mod:`.products`, :mod:`.custom`)
   Residual algebra. ``lax.custom_linear_solve`` with a known operator and
   an unknown vector becomes a product with the folded inverse. After folding, each connected region of the residual
   program that is affine in the dynamic inputs (by the rules of
@@ -63,7 +63,8 @@ The passes, in one place:
   offset per output, where that is cheaper per call and the matrix fits
   ``FoldOptions.affine_max_bytes``: chains of constant products become one
   product. While folding, a ``dot_general`` against a broadcast of a known
-  value contracts against that value, so the expansion is never stored.
+  value contracts against that value, so the expansion is never stored, and
+  ``C @ (D @ z)`` with known matrices becomes ``(C @ D) @ z`` (loop bodies too).
 
 Dead-code elimination of the residual jaxpr always runs.
 """
@@ -77,7 +78,7 @@ from ..._fold._fold_rules import register_fold_rule
 from .branches import fold_cond
 from .calls import fold_checkpoint, fold_jit
 from .custom import fold_custom_jvp, fold_custom_lin, fold_custom_vjp, fold_linear_solve
-from .expansions import fold_dot_general
+from .products import fold_dot_general
 from .loops import fold_scan, fold_while
 
 # The built-in fold rules, in one place. A rule of your own registers the

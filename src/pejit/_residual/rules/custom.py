@@ -36,6 +36,7 @@ from jax.interpreters import partial_eval as pe
 from ... import _compat
 from ..._fold._folding import Folder, NeedsValue
 from ._hoist import DYNAMIC, hoist, hoist_call
+from .products import known_product
 
 
 #: Whether backward rules return ``(cotangents, logs)`` (JAX 0.12's ``defvjp_with_logs``), not cotangents.
@@ -307,7 +308,7 @@ def fold_linear_solve(folder: Folder, trace, prim, args, params):
         operator = jax.vmap(lambda e: _eval(params["jaxprs"].matvec, *matvec_consts, e)[0], out_axes=1)(eye)
     if not _well_conditioned(folder, operator, inverse):
         return NotImplemented  # the solve stays, on its folded factorization
-    producer, source = _known_product(folder, trace, b[0])
+    producer, source = known_product(folder, trace, b[0])
     folder.stats.staged["custom_linear_solve (as a product)"] += 1
     with trace.as_current():
         return [(inverse @ producer) @ source] if producer is not None else [inverse @ b[0]]
@@ -328,18 +329,3 @@ def _well_conditioned(folder: Folder, operator, inverse) -> bool:
         raise NeedsValue("a solve's rewrite depends on its operator's conditioning")
     norm = lambda m: np.abs(np.asarray(m)).sum(axis=0).max()  # noqa: E731  (the 1-norm)
     return bool(norm(a) * norm(inv) <= SOLVE_AS_PRODUCT_COND)
-
-
-def _known_product(folder: Folder, trace, x):
-    """``(C, y)`` if ``x`` was staged as ``C @ y`` (a matrix-vector product) with ``C`` known; else Nones."""
-    eqn = getattr(x, "parent", None)  # the staged equation that made x (a TracingEqn)
-    inputs = getattr(eqn, "in_tracers", ())
-    if getattr(eqn, "primitive", None) is not jax.lax.dot_general_p or len(inputs) != 2:
-        return None, None
-    (contract, batch) = eqn.params["dimension_numbers"]
-    c, y = (t if _compat.const_of(trace, t) is None else _compat.const_of(trace, t) for t in inputs)
-    if (contract != ((1,), (0,)) or batch != ((), ()) or not folder.is_known(c) or folder.is_known(y)
-            or jax.numpy.ndim(c) != 2 or jax.numpy.ndim(y) != 1
-            or eqn.params.get("preferred_element_type") not in (None, x.dtype)):
-        return None, None
-    return folder.materialize(c), y
