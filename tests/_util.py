@@ -20,7 +20,7 @@ def requires_jax(version: tuple[int, int], why: str):
 
 #: For tests of the CPU back end (host rules, the worker thread, NumPy views of
 #: jax.Arrays, the cost model's CPU figures). pejit turns that back end on only
-#: where JAX computes on one CPU device (``pejit._fold._host.on_one_cpu``): not
+#: where JAX computes on one CPU device (``pejit._fold._device.host_computes``): not
 #: on an accelerator, nor on several CPU devices
 #: (``--xla_force_host_platform_device_count``).
 cpu_only = pytest.mark.skipif(

@@ -3,6 +3,8 @@
 (pejit._residual._affine finds the regions, pejit._residual._collapse replaces them.)
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from jax import lax
 
 from pejit import FoldOptions, pe, pejit, specialize_jaxpr
+from pejit._fold import _device
 
 from ._util import cpu_only, f32_products, x64
 
@@ -318,11 +321,9 @@ def test_a_large_expansion_is_not_stored():
 
 @cpu_only  # the host rules build the matrix
 def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
-    """A region over ``BUILD_FLOPS`` still collapses where the host builds its matrix
-    (concrete constants, rules for every equation), not where ``jvp`` would."""
-    from pejit._residual import _collapse
-
-    monkeypatch.setattr(_collapse, "BUILD_FLOPS", 0.0)
+    """A region over the device's ``build_flops`` still collapses where the host builds
+    its matrix (concrete constants, rules for every equation), not where ``jvp`` would."""
+    monkeypatch.setitem(_device.PROFILES, "cpu", dataclasses.replace(_device.CPU, build_flops=0.0))
     closed = jax.make_jaxpr(chain)(C1, C2, C3, X)
     known = {0: C1, 1: C2, 2: C3}
     host = specialize_jaxpr(closed, known)
@@ -337,14 +338,12 @@ def test_the_host_builds_larger_matrices_than_jvp_would(monkeypatch):
 
 @cpu_only  # the host rules build the matrix
 def test_both_forms_collapse_what_the_host_builds_for_every_value(monkeypatch):
-    """The call-time form collapses a region over ``BUILD_FLOPS`` as the TFC
+    """The call-time form collapses a region over the device's ``build_flops`` as the TFC
     form does, on its first value and on later ones: the host builds each
     value's matrix (``host_affine_matrices``, which has no lowering), so the
     folding program is evaluated, never compiled (by ``jvp`` it would cost
     more than folding the value from scratch)."""
-    from pejit._residual import _collapse
-
-    monkeypatch.setattr(_collapse, "BUILD_FLOPS", 0.0)
+    monkeypatch.setitem(_device.PROFILES, "cpu", dataclasses.replace(_device.CPU, build_flops=0.0))
     tfc = pejit(C1, C2, C3, X, constant_arg_nums=[0, 1, 2])(chain)
     assert prims(tfc.specialize(X).residual.jaxpr) == ["dot_general"]
     f = pejit(chain, constant_argnums=(0, 1, 2))

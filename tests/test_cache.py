@@ -206,7 +206,7 @@ def test_a_large_numpy_constant_is_guarded_by_its_digest(monkeypatch):
         f(a, x)
     digests = _count_digests(monkeypatch)
     f(a, x)
-    assert digests == [a.nbytes]  # the guard's one digest, no copy of 1 MiB kept per call
+    assert digests == [a.nbytes]  # the guard's one digest, no copy of its 16 MiB kept per call
     before = np.asarray(f(a, x))
     a[0, 0] += 1.0
     np.testing.assert_allclose(f(a, x), a.astype(np.float64).T @ np.ones(n), rtol=1e-4, atol=1e-3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
@@ -253,11 +254,16 @@ def test_the_residual_compiles_beside_the_first_value_and_serves_its_call(monkey
     with Compiles() as compiles:
         out = g(A, x)
         g(A, x)
+        _offload.submit(lambda: None).result()  # the worker's queue drained
+        np.testing.assert_allclose(g(A, x), out)
     np.testing.assert_allclose(out, spread(A, x), rtol=1e-6)
     if not any(name for name, _ in compiles.where):
         pytest.skip("this JAX does not name the programs it compiles")
+    assert not isinstance(g.specialize(A, x).call, functools.partial)  # switched to the compiled-in program
     residual = [thread for name, thread in compiles.where if "spread" in name]
-    assert residual == ["pejit-kernels_0"]  # once, while the first value was folded
+    # while the first value was folded, and then with the folded constants compiled in (see
+    # Specialization.compile_in), which the calls after switch to: never on the calling thread
+    assert residual == ["pejit-kernels_0"] * 2
 
 
 @cpu_devices("equal constants are found by their bytes in host memory")

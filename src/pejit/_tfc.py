@@ -14,9 +14,7 @@ import operator
 from collections.abc import Callable
 
 import jax
-import numpy as np
 
-from . import _compat
 from ._calls import _argnums, _errors
 from ._calls._argnums import interleave
 from ._calls._keys import unchangeable
@@ -35,7 +33,7 @@ class BoundPejitted:
 
     Its constants never change, so when nobody can write them (``jax.Array``,
     read-only NumPy arrays as TFC's grids are, scalars, strings, None) and
-    the folded ones are small (``pejit._tfc.INLINE_BYTES``, 1 MiB), the call
+    the folded ones are small (``pejit._calls._program.INLINE_BYTES``, 1 MiB), the call
     is one ``jax.jit`` function of the non-constant arguments, the residual
     inside with its constants compiled in: ``jax.jit``'s C++ dispatch alone,
     no Python on the way (TFC's PDE step at 6^3 points: 0.92-1.01x the
@@ -71,7 +69,7 @@ class BoundPejitted:
         functools.update_wrapper(self, fun)
         spec = self._core.specialize(*example_args)
         self._call = bound_dispatch(self._core, n, self._const, self._full)
-        if jit and _inlinable(self._core.info, self._const, spec.consts):
+        if jit and _inlinable(self._core.info, self._const, spec):
             # jax.jit's messages name it (a callable object may have no name)
             self._call.__name__ = self._call.__qualname__ = getattr(self, "__name__", type(fun).__name__)
             self._call = jax.jit(self._call)
@@ -114,22 +112,14 @@ class BoundPejitted:
         return f"<{self._core!r} with constants at {list(self._const)}>"
 
 
-#: The most bytes of folded constants the TFC form compiles into its call
-#: (as HLO constants: a second copy, and compile time that grows with them).
-INLINE_BYTES = 1 << 20
-
-
-def _inlinable(info, constants: dict, folded: list) -> bool:
+def _inlinable(info, constants: dict, spec: Specialization) -> bool:
     """Whether the TFC form's call can be one ``jax.jit`` function (see
     :class:`BoundPejitted`): its options are a plain ``jax.jit``'s (no static,
     donated or placed arguments), nobody can change its ``constants``, and
-    the ``folded`` ones are small arrays on one device of this process."""
+    the folded ones can be compiled in (``Specialization.compilable_in``)."""
     plain = (info.fixed_nums == frozenset(constants) and not (info.fixed_names or info.donate_nums or info.donate_names)
              and not info.jit_kwargs and info.constant_shardings is None)
-    fixed = all(map(unchangeable, constants.values()))
-    local = all(type(c) is np.ndarray or (type(c) is _compat.ArrayImpl and c.is_fully_addressable
-                                          and len(c.sharding.device_set) == 1) for c in folded)
-    return plain and fixed and local and sum(c.nbytes for c in folded) <= INLINE_BYTES
+    return plain and all(map(unchangeable, constants.values())) and spec.compilable_in
 
 
 def core_call(bound: BoundPejitted, args: tuple, kwargs: dict | None = None) -> tuple[Pejitted, list]:

@@ -29,7 +29,7 @@ import numpy as np
 from .. import _compat
 from ._cache import FastPath
 from ._errors import GENERATED
-from ._keys import IMMUTABLE_SCALARS, OtherSignature, fixed_array, same_constant, unchanged
+from ._keys import IMMUTABLE_SCALARS, OtherSignature, fixed_array, frozen_parts, same_constant, unchanged
 
 
 class Layout(NamedTuple):
@@ -135,9 +135,13 @@ def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple
     A writable NumPy array is held, and the guard checks its bytes
     (:func:`~pejit._calls._keys.unchanged`: the TFC form binds its constants once,
     as NumPy arrays in TFC's programs, and every call passes the same
-    objects); a read-only one is watched. A pytree constant (a dict, a
-    list: its contents can change under the same identity) is held, and the
-    guard computes its key again: a flatten, not the whole call's key.
+    objects); a read-only one is watched. A pytree constant is held: a
+    frozen one (an Equinox module, an MJX model: see
+    :func:`~pejit._calls._keys.frozen_parts`) keeps its value with its
+    identity but for its NumPy arrays' bytes, which the guard checks; for
+    any other (a dict, a list: its contents can change under the same
+    identity) the guard computes its key again: a flatten, not the whole
+    call's key.
     """
     consts = [args[i] for i in layout.const]
     held, arrays, trees = [], [], []
@@ -145,8 +149,9 @@ def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple
         if fixed_array(c):
             continue  # watched by the entry
         held.append(c)
-        if type(c) is np.ndarray:
-            arrays.append(c)
+        parts = None if isinstance(c, IMMUTABLE_SCALARS) else frozen_parts(c)
+        if parts is not None:
+            arrays.extend(parts)  # a bare NumPy array is its own part
         elif not isinstance(c, IMMUTABLE_SCALARS):
             trees.append((i, c, k))
     guard = unchanged(arrays)

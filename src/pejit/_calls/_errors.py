@@ -244,7 +244,8 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     if _holds_constants(spec.program.jaxpr):  # folded into a loop body or branch
         return
     report = spec.report
-    if report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches:
+    if (report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches
+            or report.unfolded):  # work on the constants, kept where folding it does not pay: the report says so
         return
     if not report.residual_eqns:
         return

@@ -44,7 +44,7 @@ class Program:
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program")
+    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program", "compiled_in")
 
     def __init__(
         self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
@@ -57,6 +57,7 @@ class Program:
         self.fallbacks = fallbacks
         self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
         self.folding_program = folding_program
+        self.compiled_in = False  # a specialization compiled its constants in (see Specialization.compile_in)
 
 
 class FoldingProgram:
@@ -142,6 +143,11 @@ class PerValue(NamedTuple):
     reason: str
 
 
+#: The most bytes of folded constants a specialization compiles into its program
+#: (as HLO constants: a second copy, and compile time that grows with them).
+INLINE_BYTES = 1 << 20
+
+
 class Specialization:
     """One specialization: folded constants and the program that uses them.
 
@@ -172,6 +178,57 @@ class Specialization:
         self.call = functools.partial(program.run, *consts)
         self.fold_seconds = fold_seconds
         self._residual = residual
+
+    @property
+    def compilable_in(self) -> bool:
+        """Whether the folded constants can be compiled into the program: small
+        (``INLINE_BYTES`` in all) arrays on one device of this process."""
+        local = all(type(c) is np.ndarray or (type(c) is _compat.ArrayImpl and c.is_fully_addressable
+                                              and len(c.sharding.device_set) == 1) for c in self.consts)
+        return local and sum(c.nbytes for c in self.consts) <= INLINE_BYTES
+
+    def compile_in(self, jit_kwargs: dict, specs: tuple, replaced: Callable[[Callable, Callable], None]) -> None:
+        """Call a program with the folded constants compiled in, as ``jax.jit`` compiles
+        the arrays a function closes over, where they are ``compilable_in``.
+
+        XLA then specializes the program to their values: it folds what
+        depends on them, turns gathers at known indices into slices, and
+        passes fewer buffers per call (an MJX rollout, whose model folds to
+        142 small constants: as fast as ``jax.jit`` with the model closed
+        over, 1.2x faster than with it passed). Each specialization compiles
+        a program of its own, as ``jax.jit`` does for each closed-over value:
+        only the first value of a structure does, the one a program serves
+        until its constants change; later values share ``program.run``, so
+        that constants that keep changing cost no compile (the folding
+        program's point) and hold no executable each. With a spare core the shared program, compiled beside the fold, serves
+        the first calls while the worker compiles this one for ``specs``
+        (the dynamic arguments' types, ``(args, kwargs)``); then the call
+        switches to it and ``replaced(old, new)`` is told (the caller's memo
+        calls the old one). ``jit_kwargs``: ``jax.jit``'s options for a
+        function of the dynamic arguments alone.
+        """
+        if not self.consts or self.program.compiled_in or not self.compilable_in:
+            return
+        self.program.compiled_in = True
+        # the runner itself, not its jax.jit (whose options are for the outermost jit)
+        run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
+
+        def residual(*args, **kwargs):  # closing over them (jax.jit flattens a partial's arguments)
+            return run(*consts, *args, **kwargs)
+
+        residual.__name__ = residual.__qualname__ = getattr(run, "__name__", "residual")
+        inlined = jax.jit(residual, **jit_kwargs)
+        spare = _offload.spare()
+        if spare is None:
+            self.call = inlined  # compiled at its first call, the only program compiled
+            return
+
+        def switch(future) -> None:
+            if future.exception() is None:
+                old, self.call = self.call, inlined
+                replaced(old, inlined)
+
+        spare.submit(lambda: inlined.lower(*specs[0], **specs[1]).compile()).add_done_callback(switch)
 
     @property
     def run(self) -> Callable:

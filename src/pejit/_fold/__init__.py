@@ -6,8 +6,10 @@ equation; ``_folding``'s ``Folder`` is that policy: it looks the
 primitive up in the fold rules (``_fold_rules``), stages dynamic work and
 records known work as recipes, keeps cheap expansions lazy, reads its
 switches from ``_options`` and counts into ``_stats`` (FLOPs by
-``_flops``). ``_batch`` evaluates the recipes a value needs, in batches,
-eager or compiled by a cost model: programs, and unrolled loops rolled
+``_flops``, which also estimates what a call costs, for the fold's
+decision that it pays). ``_batch`` evaluates the recipes a value needs, in
+batches, eager or compiled by a cost model (the costs of the device the
+program runs on: ``_device``): programs, and unrolled loops rolled
 again, by ``_compiled``; on the host where NumPy gives XLA's bits
 (``_host``); opaque kernels on a worker thread (``_offload``); far reads
 of constant-only values computed again (``_refold``), or held while the

@@ -45,7 +45,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from .. import _compat
-from . import _abstract, _compiled, _host, _offload, _primitives, _refold, _trim
+from . import _abstract, _compiled, _device, _host, _offload, _primitives, _refold, _trim
 from ._primitives import called_jaxpr
 from ._values import nbytes
 
@@ -58,15 +58,10 @@ DISPATCH_SECONDS = 40e-6
 #: Compiling a program: a fixed cost, and a cost per equation.
 COMPILE_SECONDS = 0.05
 COMPILE_SECONDS_PER_EQN = 4e-3
-#: Effective bandwidth of writing and re-reading an intermediate, by
-#: platform: host memory (allocation, first touch, cache misses) is slow;
-#: device memory is fast, so fusion saves little there.
-BANDWIDTH = {"cpu": 2e9}
-DEFAULT_BANDWIDTH = 5e11
-#: Smaller intermediates stay in a CPU core's cache between two kernels, so
-#: fusing saves no memory traffic on them (a chain of ``sin``/``*``/``+``/``cos``
-#: on 256x256 float32 folded 7% more slowly with its runs compiled).
-CACHED_BYTES = {"cpu": 2**20}
+# The effective bandwidth of writing and re-reading an intermediate, and what
+# stays in a core's cache (a chain of ``sin``/``*``/``+``/``cos`` on 256x256
+# float32 folded 7% more slowly with its runs compiled), are the device's:
+# see pejit._fold._device.
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -166,9 +161,8 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     if forced == "compiled":
         lowerable = all(_compat.has_lowering(r.prim, platform) for r in recipes)
         return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
-    bandwidth = BANDWIDTH.get(platform, DEFAULT_BANDWIDTH)
-    cached = CACHED_BYTES.get(platform, 0)
-    host = _host.on_one_cpu()
+    device = _device.current()
+    bandwidth, cached, host = device.bandwidth, device.cached_bytes, _device.host_computes()
     runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
     kinds: dict[tuple, tuple[bool, bool]] = {}  # (primitive, body) -> (fuses, starts a run)
     for r in recipes:
@@ -217,14 +211,15 @@ def _pays(equations: int, traffic: int, alike: int, bandwidth: float) -> bool:
     return saved * alike > COMPILE_SECONDS + equations * COMPILE_SECONDS_PER_EQN
 
 
-def compiled_alike(run: Sequence[Recipe], alike: int, platform: str = "cpu") -> bool:
+def compiled_alike(run: Sequence[Recipe], alike: int) -> bool:
     """Whether :func:`plan_batch` would compile ``alike`` runs like ``run``, as
     far as the run alone tells: its intermediates read in it alone, no NumPy
     array among its inputs (what :class:`pejit._fold._compiled.LoopsAhead` asks
     while the trace records an unrolled loop)."""
-    cached = CACHED_BYTES.get(platform, 0)
-    traffic = sum(nbytes(v.aval) for r in run[:-1] for v in r.outvars if v is not None and nbytes(v.aval) > cached)
-    return _pays(len(run), traffic, alike, BANDWIDTH.get(platform, DEFAULT_BANDWIDTH))
+    device = _device.current()
+    traffic = sum(nbytes(v.aval) for r in run[:-1] for v in r.outvars
+                  if v is not None and nbytes(v.aval) > device.cached_bytes)
+    return _pays(len(run), traffic, alike, device.bandwidth)
 
 
 def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]:

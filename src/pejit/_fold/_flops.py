@@ -1,4 +1,5 @@
-"""A jaxpr-level estimate of floating-point work, one rule per primitive.
+"""A jaxpr-level estimate of floating-point work, one rule per primitive, and of the
+per-call cost that the fold's decisions weigh (:func:`jaxpr_cost`).
 
 XLA's own cost analysis needs a program it can lower (a primitive without a
 lowering rule has none) and counts LAPACK custom calls (``cholesky``, ``lu``,
@@ -180,3 +181,66 @@ def _while(eqn):
 @register_flop_rule(P.linear_solve_p)
 def _linear_solve(eqn):
     return jaxpr_flops(eqn.params["jaxprs"].solve)
+
+
+#: Primitives XLA runs as a call into a library (LAPACK, an FFT): a kernel of
+#: their own whatever their size, never fused with their neighbours, and not
+#: folded by XLA when their inputs are constants.
+LIBRARY_CALLS = frozenset([P.lu_p, P.cholesky_p, P.triangular_solve_p, P.qr_p, P.householder_product_p,
+                           P.eigh_p, P.eig_p, P.svd_p, P.schur_p, P.fft_p])
+
+#: What a library call costs per call beyond its FLOPs, counted in FLOPs: the
+#: collapse's ``KERNEL``, a few microseconds on a CPU.
+LIBRARY_CALL = 5000.0
+
+
+def eqn_cost(eqn, trips: int = 1) -> float:
+    """Estimated per-call cost of one equation: its FLOPs, plus :data:`LIBRARY_CALL`
+    per library call it makes, ``trips`` times each (its sub-programs' included:
+    a ``scan``'s body ``length`` times, a ``while``'s once, a ``cond``'s dearest
+    branch).
+
+    ``trips`` weighs the library calls of work that runs in a loop's body:
+    XLA computes loop-invariant arithmetic once per call, but each library
+    call runs on every trip.
+    """
+    return eqn_flops(eqn) + LIBRARY_CALL * trips * _library_calls(eqn)
+
+
+def jaxpr_cost(jaxpr) -> float:
+    """Estimated per-call cost of ``jaxpr`` (open or closed): its equations' :func:`eqn_cost`."""
+    return sum(eqn_cost(e) for e in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+
+
+def cost_of(prim, in_avals: Sequence[Any], out_avals: Sequence[Any], params: dict, trips: int = 1) -> float:
+    """:func:`eqn_cost` of an equation not built yet (the fold's recorded work)."""
+    return eqn_cost(_Eqn(prim, [_Var(a) for a in in_avals], [_Var(a) for a in out_avals], params), trips)
+
+
+def _library_calls(eqn) -> float:
+    if eqn.primitive in LIBRARY_CALLS:
+        return 1.0
+    if eqn.primitive is P.scan_p:
+        return eqn.params["length"] * _jaxpr_library_calls(eqn.params["jaxpr"])
+    if eqn.primitive is P.cond_p:
+        return max(_jaxpr_library_calls(b) for b in eqn.params["branches"])
+    return sum(_jaxpr_library_calls(sub) for sub in _subjaxprs(eqn.params))
+
+
+def _jaxpr_library_calls(jaxpr) -> float:
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    n = _library_counts.get(jaxpr)
+    if n is None:
+        n = _library_counts[jaxpr] = sum(map(_library_calls, jaxpr.eqns))
+    return n
+
+
+#: Library calls by jaxpr (as ``_jaxpr_flops``).
+_library_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _subjaxprs(params: dict):
+    for v in params.values():
+        for sub in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(sub, (_compat.Jaxpr, _compat.ClosedJaxpr)):
+                yield sub

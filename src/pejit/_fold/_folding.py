@@ -31,7 +31,7 @@ from __future__ import annotations
 import operator
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -47,7 +47,7 @@ from ._multihost import check_fetchable
 from ._options import FoldOptions
 from ._primitives import CALLBACKS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, params_key
 from ._staging import policy_of
-from ._stats import FoldStats, label
+from ._stats import FoldStats, Unfolded, label
 
 
 class NeedsValue(Exception):
@@ -87,6 +87,10 @@ class Folder:
         self.options = options
         self.progress = progress or _progress.Progress("fold", False)
         self.stats = FoldStats()
+        # what this folder (not its children) counted as folded into ``stats``,
+        # taken back where the fold does not pay (see finalize)
+        self._counted: Counter = Counter()
+        self._counted_flops = 0.0
         # output Var of a staged known equation -> how to compute it
         self._recipes: dict[Any, _batch.Recipe] = {}
         self._materialized: dict[Any, Any] = {}
@@ -126,13 +130,17 @@ class Folder:
     #: Whether this folder traces a sub-program (see :meth:`child`), which the
     #: passes after the trace (the affine collapse) do not enter.
     nested: bool = False
+    #: How often per call the traced program runs (a ``scan``'s body: its
+    #: length), as :meth:`finalize` weighs what folding its work saves.
+    trips: int = 1
 
-    def child(self, speculative: bool = False) -> Folder:
+    def child(self, speculative: bool = False, trips: int = 1) -> Folder:
         """A folder for a nested trace (a loop body, a branch): same options, same stats."""
         child = Folder(self.options, self.progress, early_kernels=False, warm=False)  # its batches may not run
         child.stats = self.stats
         child.speculative = self.speculative or speculative
         child.nested = True
+        child.trips = trips
         return child
 
     # -- the policy -------------------------------------------------------
@@ -170,8 +178,7 @@ class Folder:
             return NotImplemented
         if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):
             return self.stage_lazy(trace, prim, args, params)
-        self.stats.folded[label(prim, params)] += 1
-        self.stats.flops += _flops.flops_of(prim, avals, out_avals, params)
+        self._count([label(prim, params)], _flops.flops_of(prim, avals, out_avals, params))
         if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch. The user's
@@ -192,10 +199,16 @@ class Folder:
         What :meth:`default` would do for each of them, at the cost of one
         staged equation (see ``pejit._residual.rules.calls.fold_jit``).
         """
-        for e in closed.jaxpr.eqns:
-            self.stats.folded[label(e.primitive, e.params)] += 1
-        self.stats.flops += _flops.jaxpr_flops(closed.jaxpr)
+        self._count([label(e.primitive, e.params) for e in closed.jaxpr.eqns], _flops.jaxpr_flops(closed.jaxpr))
         return self._record(trace, _batch.known_part_p, args, {"jaxpr": closed}, lazy=False)
+
+    def _count(self, labels: list[str], flops: float) -> None:
+        """Count folds into the stats, and as this folder's (see :meth:`finalize`)."""
+        for name in labels:
+            self.stats.folded[name] += 1
+            self._counted[name] += 1
+        self.stats.flops += flops
+        self._counted_flops += flops
 
     def _evaluate_now(self, prim, args, params, error: Exception):
         """Evaluate ``prim`` at once, its abstract evaluation having failed.
@@ -294,37 +307,21 @@ class Folder:
         ``consts``), materialized in one batch. Effectful equations stay,
         and so do lazy expansions whose residual consumers all fuse them
         (see :data:`FUSES_OPERANDS`); an expansion that a matrix product, a
-        custom call or a loop reads is stored after all. Consumers come
-        after producers, so walking the equations backwards knows every
-        consumer of an equation first.
+        custom call or a loop reads is stored after all. Where that does not
+        pay (:meth:`folding_pays`), the program keeps the work, as ``jax.jit``'s
+        does, but for values Python asked for: those are computed.
         """
-        live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
-        unfused = set()  # live values read by an equation that cannot fuse its producer
-        kept, needed = [], []
-        for eqn in reversed(jaxpr.eqns):
-            recipe = next((self._recipes[v] for v in eqn.outvars if v in self._recipes), None)
-            stored = recipe is not None and (
-                not recipe.lazy or (self.stores_unfused and any(v in unfused for v in eqn.outvars))
-            )
-            if stored:
-                if recipe.lazy:  # an expansion stored after all: see FUSES_OPERANDS
-                    self.stats.folded[label(recipe.prim, recipe.params)] += 1
-                needed.extend(v for v in eqn.outvars if v in live)
-                continue
-            if eqn.effects or any(v in live for v in eqn.outvars):
-                kept.append(eqn)
-                invars = [v for v in eqn.invars if isinstance(v, _compat.Var)]
-                live.update(invars)
-                if eqn.primitive not in FUSES_OPERANDS:
-                    unfused.update(invars)
-        needed.reverse()
+        kept, needed = self._split(jaxpr, self._stored)
+        todo = self._batch([v for v in needed if v not in self._materialized])
+        lowerable = all(_compat.has_lowering(r.prim, jax.default_backend()) for r in todo)  # else it must fold
+        if todo and lowerable and not self.folding_pays(todo, kept):
+            kept, needed = self._split(jaxpr, lambda recipe, _: any(v in self._materialized for v in recipe.outvars))
         self._folds.clear()  # the trace is over: nothing is folded again
         self._value_keys.clear()
         values = self._materialize(needed, final=True)
         self._loops = None
         if self._own_kernels:
             self._kernels.close()
-        kept.reverse()
         n = len(consts)
         invars = [*jaxpr.invars[:n], *needed, *jaxpr.invars[n:]]
         if self._abstract():
@@ -334,6 +331,51 @@ class Folder:
             self._recipes.clear()
             self._materialized.clear()
         return _compat.with_invars(jaxpr.replace(eqns=kept), invars), [*consts, *values]
+
+    def _stored(self, recipe, unfused: bool) -> bool:
+        """Whether ``finalize`` stores a recipe's live outputs (``unfused``: a consumer cannot fuse them)."""
+        if recipe.lazy and unfused and self.stores_unfused:  # an expansion stored after all: see FUSES_OPERANDS
+            self._count([label(recipe.prim, recipe.params)], 0.0)
+        return not recipe.lazy or (unfused and self.stores_unfused)
+
+    def _split(self, jaxpr, stored: Callable[[Any, bool], bool]) -> tuple[list, list]:
+        """``(kept, needed)``: the equations the residual keeps, and the recipe outputs
+        it reads as constants, those ``stored(recipe, unfused)`` says; in program
+        order. Consumers come after producers, so walking the equations backwards
+        knows every consumer of an equation first."""
+        live = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}
+        unfused = set()  # live values read by an equation that cannot fuse its producer
+        kept, needed = [], []
+        for eqn in reversed(jaxpr.eqns):
+            recipe = next((self._recipes[v] for v in eqn.outvars if v in self._recipes), None)
+            if recipe is not None and stored(recipe, any(v in unfused for v in eqn.outvars)):
+                needed.extend(v for v in eqn.outvars if v in live)
+                continue
+            if eqn.effects or any(v in live for v in eqn.outvars):
+                kept.append(eqn)
+                invars = [v for v in eqn.invars if isinstance(v, _compat.Var)]
+                live.update(invars)
+                if eqn.primitive not in FUSES_OPERANDS:
+                    unfused.update(invars)
+        return kept[::-1], needed[::-1]
+
+    def folding_pays(self, todo: Sequence[_batch.Recipe], kept: Sequence[Any]) -> bool:
+        """Whether evaluating the recipes ``todo`` saves at least ``FoldOptions.min_gain`` of
+        the per-call cost of the program (``todo`` and the ``kept`` equations), by
+        :func:`pejit._fold._flops.eqn_cost`. In a loop's body (:attr:`trips`) folding
+        saves what XLA would not move out of the loop itself (library calls) on
+        every trip, the rest once. If not, the stats take the fold's count back
+        and record why (``FoldStats.unfolded``)."""
+        saved = sum(_flops.cost_of(r.prim, [_aval(a) for a in r.args], [v.aval for v in r.outvars if v is not None],
+                                   r.params, self.trips) for r in todo)
+        rest = self.trips * sum(_flops.eqn_cost(e) for e in kept)
+        if saved >= self.options.min_gain * (saved + rest):
+            return True
+        self.stats.folded -= self._counted
+        self.stats.flops -= self._counted_flops
+        self.stats.unfolded.append(Unfolded(len(todo), saved, saved + rest, self.nested))
+        self._counted, self._counted_flops = Counter(), 0.0
+        return False
 
     def _abstract(self) -> bool:
         """Whether this folder folded abstract constants (see :meth:`is_known`)."""
@@ -537,6 +579,11 @@ class Folder:
 
 #: Primitives whose output is uniform where their one input is a scalar or uniform.
 _SPREADS = frozenset({P.broadcast_in_dim_p, P.reshape_p})
+
+
+def _aval(x):
+    """The type of a recipe's input (a recipe's output ``Var``, or a value)."""
+    return x.aval if isinstance(x, _compat.Var) else _compat.typeof(x)
 
 
 def _handover(env: dict) -> dict:

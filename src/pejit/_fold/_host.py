@@ -43,6 +43,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from .. import _compat
+from . import _device
 from ._primitives import CALLS, call_body
 from ._values import byte_view
 
@@ -354,13 +355,6 @@ if _compat.split_p is not None:
     HOST_RULES[_compat.split_p] = _split
 
 
-@functools.lru_cache(maxsize=None)
-def on_one_cpu() -> bool:
-    """Whether JAX computes on one CPU device (else the rules never apply:
-    their results would lose the device or the sharding the eager one has)."""
-    return jax.default_backend() == "cpu" and jax.device_count() == 1
-
-
 def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     """``prim`` on concrete ``args`` by its host rule, or None where none applies.
 
@@ -372,7 +366,7 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
     if prim.name in CALLS:
         return _call(*call_body(params), args)
     rule = HOST_RULES.get(prim)
-    if rule is None or not on_one_cpu():
+    if rule is None or not _device.host_computes():
         return None
     host = []
     for a in args:

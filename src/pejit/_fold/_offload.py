@@ -48,7 +48,7 @@ import jax
 import numpy as np
 
 from .. import _compat
-from . import _host
+from . import _device, _host
 from ._primitives import (
     CALLS,
     CUSTOM_CALLS,
@@ -88,7 +88,7 @@ class Kernels:
     """
 
     def __init__(self):
-        self.enabled = _cores() > 1 and _host.on_one_cpu()
+        self.enabled = _cores() > 1 and _device.host_computes()
         self._handed: dict[Any, _Handed] = {}
         self._waiting = {True: 0, False: 0}  # by early: bytes handed out, not read yet
         self._puts: dict[tuple, Any] = {}  # small NumPy inputs (see _host.to_jax_once)

@@ -69,6 +69,11 @@ class FoldOptions:
         where that is cheaper per call (see `pejit._residual._collapse`).
       affine_max_bytes: the most bytes of matrices and offsets one such
         region may store.
+      min_gain: a fold is kept only where the work it evaluates costs at
+        least this fraction of the program's per-call cost (estimated by
+        ``pejit._fold._flops.jaxpr_cost``); elsewhere the program keeps that
+        work, as ``jax.jit``'s does, and the report says so. Each loop body,
+        branch and custom rule decides for itself. 0 folds everything known.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -95,6 +100,7 @@ class FoldOptions:
     progress: bool | None = None
     affine: bool = True
     affine_max_bytes: int = 16 * 2**20
+    min_gain: float = 0.05
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

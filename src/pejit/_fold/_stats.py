@@ -9,8 +9,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from typing import NamedTuple
 
 from .. import _compat
+
+
+class Unfolded(NamedTuple):
+    """A fold that did not pay for itself: ``equations`` known equations, estimated
+    to cost ``saved`` per call of the program's ``total``, stayed in the program
+    (in a sub-program, ``nested``: a loop's body, a branch)."""
+
+    equations: int
+    saved: float
+    total: float
+    nested: bool
+
+    def __str__(self) -> str:
+        where = "a sub-program's " if self.nested else ""
+        share = self.saved / self.total if self.total else 0.0
+        return (f"{where}{self.equations} known equations stay in the program: folding them would save "
+                f"{self.saved:.3g} of {self.total:.3g} estimated per-call cost ({share:.1%}), "
+                "under FoldOptions.min_gain")
 
 
 @dataclasses.dataclass
@@ -26,6 +45,7 @@ class FoldStats:
     flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._fold._flops)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
     collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
+    unfolded: list = dataclasses.field(default_factory=list)  # of Unfolded
 
 
 def label(prim, params: dict) -> str:
@@ -37,4 +57,4 @@ def label(prim, params: dict) -> str:
     return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
 
 
-__all__ = ["FoldStats", "label"]
+__all__ = ["FoldStats", "Unfolded", "label"]

@@ -76,6 +76,9 @@ class FoldReport:
         inputs that were replaced by one matrix and one offset per output
         (`pejit._residual._collapse.Collapse`: equations, FLOPs per call before and
         after, bytes stored).
+      unfolded: known work left in the program because folding it would not
+        pay (`pejit._fold._stats.Unfolded`, see ``FoldOptions.min_gain``): the
+        program, or a loop body or branch in it, computes it as ``jax.jit``'s does.
 
     Equations are counted by primitive, nested `jax.jit` calls by function
     (`jit(cholesky)`).
@@ -112,6 +115,7 @@ class FoldReport:
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops_folded: float = 0.0
     collapsed: tuple = ()
+    unfolded: tuple = ()
 
     @classmethod
     def build(
@@ -139,6 +143,7 @@ class FoldReport:
             eager_evaluations=stats.eager_evaluations,
             flops_folded=stats.flops,
             collapsed=tuple(stats.collapsed),
+            unfolded=tuple(stats.unfolded),
             known_invars=known_invars,
             batches=tuple(stats.batches),
             fallbacks=fallbacks,
@@ -190,8 +195,8 @@ class FoldReport:
 
     @property
     def warnings(self) -> list[str]:
-        """Things worth knowing: effects kept, expansions recomputed, fallbacks."""
-        out = []
+        """Things worth knowing: work not worth folding, effects kept, expansions recomputed, fallbacks."""
+        out = [str(u) for u in self.unfolded]
         if self.effects_kept:
             out.append(
                 f"effectful equations kept although their inputs were known: {_fmt(self.effects_kept)}"

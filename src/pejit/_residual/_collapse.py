@@ -47,7 +47,7 @@ from jax.interpreters import mlir
 from jax.extend.core import Primitive
 
 from .. import _compat
-from .._fold import _batch
+from .._fold import _batch, _device
 from . import _linear
 from ._affine import CONST, Region, classify, offsets, plan_cut, regions, size
 from .._fold._batch import nbytes
@@ -58,16 +58,14 @@ from .._fold._flops import eqn_flops
 #: fold-time work of building the matrix must be worth it.
 PAYS = 0.75
 
-#: The most FLOPs building one region's matrix may take (its inputs times
-#: the region's FLOPs per call): about a second here, the order of folding
-#: the ``inv`` and ``cholesky`` of a 1000x1000 matrix.
-BUILD_FLOPS = 8e9
-
-#: The same for a matrix the host builds (``pejit._residual._linear``: NumPy's BLAS,
-#: nothing compiled, concrete constants): TFC's full-size WaveEquation2D
-#: region (651 inputs, 2.8e8 estimated FLOPs per call: 1.8e11 to build)
-#: builds in about a second, and its residual then runs 60 times faster.
-HOST_BUILD_FLOPS = 1e12
+# The most FLOPs building one region's matrix may take (its inputs times the
+# region's FLOPs per call) are the device's (pejit._fold._device): by jax.jvp,
+# compiled, ``build_flops`` (8e9 on a CPU: about a second, the order of folding
+# the ``inv`` and ``cholesky`` of a 1000x1000 matrix); by the host
+# (``pejit._residual._linear``: NumPy's BLAS, nothing compiled, concrete
+# constants), ``host_build_flops``: TFC's full-size WaveEquation2D region (651
+# inputs, 2.8e8 estimated FLOPs per call: 1.8e11 to build) builds in about a
+# second, and its residual then runs 60 times faster.
 
 #: Memory the fold-time Jacobian may use at once (the region is evaluated
 #: on this many basis vectors together).
@@ -295,8 +293,8 @@ def collapse(
     A region is collapsed when its matrices and offsets take at most
     ``max_bytes``, applying them costs at most `PAYS` of the region per
     call (so never when its dynamic inputs are large: the matrix grows with
-    them), and building them at most `BUILD_FLOPS` (`HOST_BUILD_FLOPS` when
-    the host builds them). Returns the new jaxpr (open, with its constants)
+    them), and building them at most the device's ``build_flops``
+    (``host_build_flops`` when the host builds them). Returns the new jaxpr (open, with its constants)
     and what was collapsed; dead equations and constants are left for
     ``pejit._fold._primitives.prune``.
     """
@@ -304,6 +302,7 @@ def collapse(
     kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
     shifted = offsets(jaxpr, kinds)
     staged = any(isinstance(c, _compat.Tracer) for c in consts)
+    device = _device.current()
     chosen = []
     for plan in (plan_cut(jaxpr, region, kinds, shifted) for region in regions(jaxpr, kinds)):
         region = plan.region
@@ -311,9 +310,9 @@ def collapse(
         build = inputs * sum(eqn_flops(jaxpr.eqns[i]) for i in region.eqns)
         # or the host builds it (nothing compiled), for every value: a folding
         # program then stages the build as host_affine_matrices (see there)
-        on_host = (build > BUILD_FLOPS and build <= HOST_BUILD_FLOPS and backend != "compiled"
+        on_host = (build > device.build_flops and build <= device.host_build_flops and backend != "compiled"
                    and _linear.covers(jaxpr.eqns[i] for i in region.eqns))
-        affordable = build <= BUILD_FLOPS or on_host
+        affordable = build <= device.build_flops or on_host
         # zero-size sources or roots: nothing to collapse (and no columns to build)
         if inputs and all(map(size, region.roots)) and plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
             chosen.append((region, on_host, Collapse(

@@ -34,7 +34,7 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from .._fold import _host, _offload
+from .._fold import _device, _host, _offload
 from .._fold._primitives import call_body
 
 LinearRule = Callable[..., Any]
@@ -402,14 +402,15 @@ def _linear(eqn, vals, tans, outs: list | None) -> tuple[list, list]:
 
 
 def covers(eqns) -> bool:
-    """Whether the rules here cover these equations of a region (on one CPU device)."""
+    """Whether the rules here cover these equations of a region, where the host builds
+    matrices (see :mod:`pejit._fold._device`)."""
     def covered(eqn) -> bool:
         if eqn.primitive in _CALLS:
             body, _ = call_body(eqn.params)
             return all(map(covered, body.eqns))
         return eqn.primitive in LINEAR_RULES
 
-    return _host.on_one_cpu() and all(map(covered, eqns))
+    return _device.current().host_build_flops > 0 and all(map(covered, eqns))
 
 
 def _collect(future, chunk, lo: int, hi: int) -> list[np.ndarray]:
@@ -432,8 +433,6 @@ def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> 
     dynamic ``sources``. Tangents are carried ``batch`` unit vectors at a
     time. None where a rule is missing (see the module docstring).
     """
-    if not _host.on_one_cpu():
-        return None
     sizes = [math.prod(s.aval.shape) for s in sources]
     starts = np.cumsum([0, *sizes])
     total = int(starts[-1])

@@ -24,7 +24,7 @@ DYNAMIC = object()
 
 
 def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool = False,
-          speculative: bool = False):
+          speculative: bool = False, trips: int = 1):
     """Fold the work of ``body`` that depends only on its concrete ``args``.
 
     ``args`` are ``body``'s inputs: values (concrete, or abstract constants
@@ -33,12 +33,13 @@ def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool
     body and its arguments: the folded values it still needs, then the
     non-concrete ``args`` in order. Returns ``None`` when nothing could be
     folded (unless ``force``). ``speculative``: the body may never run (see
-    :attr:`Folder.speculative`).
+    :attr:`Folder.speculative`); ``trips``: it runs that many times a call (see
+    :attr:`Folder.trips`).
     """
     stats = folder.stats
     before = (Counter(stats.folded), stats.eliminated_branches)
     new_body, new_args = hoist_call(folder, lambda *xs: replay(_compat.core_trace(), body, xs), args, body.in_avals,
-                                    speculative=speculative)
+                                    speculative=speculative, trips=trips)
     concrete = any(a is not DYNAMIC and not folder.is_staged(a) for a in args)
     if not force and not concrete and before == (stats.folded, stats.eliminated_branches):
         return None  # nothing known inside: keep the body as it was
@@ -49,7 +50,8 @@ def hoist(folder: Folder, body: ClosedJaxpr, args: Sequence[Any], *, force: bool
     return new_body, new_args
 
 
-def hoist_call(folder: Folder, fun, args: Sequence[Any], avals: Sequence[Any], *, speculative: bool = False):
+def hoist_call(folder: Folder, fun, args: Sequence[Any], avals: Sequence[Any], *, speculative: bool = False,
+               trips: int = 1):
     """Trace ``fun`` on ``args`` (of types ``avals``), its work on the concrete ones folded.
 
     ``args`` are as for :func:`hoist`; the concrete ones reach ``fun`` as
@@ -64,19 +66,19 @@ def hoist_call(folder: Folder, fun, args: Sequence[Any], avals: Sequence[Any], *
         it = iter(unknown)
         return fun(*[a if k else next(it) for a, k in zip(args, concrete)])
 
-    jaxpr, hoisted = trace_staging(interpret, unknown_avals, folder.child(speculative), name="body")
+    jaxpr, hoisted = trace_staging(interpret, unknown_avals, folder.child(speculative, trips), name="body")
     jaxpr, hoisted = prune(jaxpr, hoisted)
     return _compat.close_jaxpr(jaxpr, ()), [*hoisted, *(a for a, k in zip(args, concrete) if not k)]
 
 
 def hoist_consts(folder: Folder, body: ClosedJaxpr, consts: Sequence[Any], *, force: bool = False,
-                 speculative: bool = False):
+                 speculative: bool = False, trips: int = 1):
     """:func:`hoist` for a body whose leading inputs are ``consts``, the rest dynamic.
 
     Returns the new body and its new leading constants, or ``None``.
     """
     n_rest = len(body.in_avals) - len(consts)
-    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force, speculative=speculative)
+    hoisted = hoist(folder, body, [*consts, *[DYNAMIC] * n_rest], force=force, speculative=speculative, trips=trips)
     if hoisted is None:
         return None
     new_body, new_args = hoisted

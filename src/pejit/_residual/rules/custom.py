@@ -327,5 +327,5 @@ def _well_conditioned(folder: Folder, operator, inverse) -> bool:
     a, inv = folder.materialize(operator), folder.materialize(inverse)
     if folder.is_abstract(a) or folder.is_abstract(inv):
         raise NeedsValue("a solve's rewrite depends on its operator's conditioning")
-    norm = lambda m: np.abs(np.asarray(m)).sum(axis=0).max()  # noqa: E731  (the 1-norm)
+    norm = lambda m: np.abs(np.asarray(m)).sum(axis=0).max(initial=0.0)  # noqa: E731  (the 1-norm)
     return bool(norm(a) * norm(inv) <= SOLVE_AS_PRODUCT_COND)

@@ -37,6 +37,7 @@ from jax.extend.core import ClosedJaxpr
 
 from ... import _compat
 from ..._fold._batch import nbytes
+from ..._fold._flops import jaxpr_cost
 from ..._fold._folding import Folder, NeedsValue
 from ..._fold._primitives import custom_calls
 from ._hoist import hoist_consts
@@ -49,7 +50,8 @@ def fold_scan(folder: Folder, trace, prim, args, params):
     scan = _compat.ScanParams(params)
     n_consts = scan.num_consts
     consts, rest = args[:n_consts], args[n_consts:]
-    hoisted = hoist_consts(folder, params["jaxpr"], consts, speculative=params["length"] == 0)
+    length = params["length"]
+    hoisted = hoist_consts(folder, params["jaxpr"], consts, speculative=length == 0, trips=max(length, 1))
     n_known = 0
     if hoisted is not None:
         body, new_consts = hoisted
@@ -99,6 +101,11 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
         return None
     if length * sum(nbytes(a) for a in res_avals) > folder.options.loop_residual_bytes:
         folder.stats.staged["scan (residual budget)"] += 1
+        return None
+    if jaxpr_cost(jk) < folder.options.min_gain * jaxpr_cost(body):
+        # the known loop would carry its results into the residual loop as
+        # stacked inputs, for less work than the fold must save (FoldOptions.min_gain)
+        folder.stats.staged["scan (known part too small to split)"] += 1
         return None
 
     unknowns = const_uk + carry_uk + xs_uk

@@ -1,0 +1,114 @@
+"""The device the fold decides for: a profile of its relative costs.
+
+Several of the fold's decisions weigh costs that differ from one device to
+another, and each reads them here rather than asking which platform it is on:
+
+* whether the *host* computes folded values (NumPy rules, the worker thread's
+  kernels: :mod:`pejit._fold._host`, :mod:`pejit._fold._offload`). On a CPU
+  the host's arrays are the device's, so that is free; elsewhere every value
+  would cross to the device;
+* how the affine collapse builds its matrices (:mod:`pejit._residual._collapse`):
+  by ``jax.jvp`` compiled for the device, up to ``build_flops``, whose
+  compile grows with the region; or by the host's BLAS, nothing compiled, up
+  to ``host_build_flops``: on an accelerator its constants cross to the host
+  and the (small) matrices back, which a region worth collapsing repays;
+* how much a compiled batch saves over op-by-op evaluation (``bandwidth``,
+  ``cached_bytes``: :func:`pejit._fold._batch.plan_batch`).
+
+The host computes folded values only on one CPU device: with several (as
+``--xla_force_host_platform_device_count`` makes them), an eager result keeps
+its input's device, which a NumPy result would not; the host still builds
+the collapse's matrices there, whose constants are the program's own.
+
+Tests check what the fold decides for another device by setting its profile
+on the CPU (:func:`using`), so a regression that only an accelerator would
+show fails on every machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What the fold's decisions take a device to cost (see the module docstring).
+
+    Attributes:
+      platform: JAX's name of the platform (``"cpu"``, ``"gpu"``, ``"tpu"``).
+      host_is_device: the host's arrays are the device's (a CPU): the host may
+        compute folded values, where there is one device.
+      bandwidth: bytes per second of writing and re-reading an intermediate,
+        which fusing a batch's run into one program saves.
+      cached_bytes: intermediates up to this size stay in a core's cache
+        between two kernels: fusing saves nothing on them.
+      build_flops: the most FLOPs building a collapse's matrix by ``jax.jvp``,
+        compiled, may take.
+      host_build_flops: the same for the host's build (NumPy, nothing compiled).
+    """
+
+    platform: str
+    host_is_device: bool
+    bandwidth: float
+    cached_bytes: int
+    build_flops: float
+    host_build_flops: float
+
+
+#: Measured on a 2-core x86 CPU, JAX 0.10.2: host memory traffic is slow
+#: (an eager add on 2048x2048 float32 takes ~10 ms), intermediates up to
+#: 1 MiB stay in cache, a region's ``jax.jvp`` compiles for seconds past
+#: 8e9 FLOPs of build, the host builds TFC's full-size WaveEquation2D region
+#: (1.8e11 FLOPs) in about a second.
+CPU = DeviceProfile("cpu", host_is_device=True, bandwidth=2e9, cached_bytes=2**20, build_flops=8e9,
+                    host_build_flops=1e12)
+#: An accelerator: device memory is fast (fusing saves little), the host is
+#: across a link. The host's build is the CPU's, its inputs copied over.
+GPU = DeviceProfile("gpu", host_is_device=False, bandwidth=5e11, cached_bytes=0, build_flops=8e9,
+                    host_build_flops=1e12)
+TPU = dataclasses.replace(GPU, platform="tpu")
+
+PROFILES = {p.platform: p for p in (CPU, GPU, TPU)}
+
+_override: contextvars.ContextVar[DeviceProfile | None] = contextvars.ContextVar("pejit_device", default=None)
+
+
+def current() -> DeviceProfile:
+    """The profile of the device JAX computes on (``jax.default_backend()``), or the one
+    :func:`using` sets."""
+    return _override.get() or PROFILES.get(jax.default_backend(), GPU)
+
+
+def host_computes() -> bool:
+    """Whether the host computes folded values: the device is a CPU, the only one."""
+    return current().host_is_device and _device_count() == 1
+
+
+@functools.cache
+def _device_count() -> int:
+    return jax.device_count()
+
+
+@contextlib.contextmanager
+def using(profile: DeviceProfile):
+    """Decide for ``profile``'s device while in this context (for tests on another device).
+
+    Example:
+      >>> from pejit._fold import _device
+      >>> with _device.using(_device.GPU):
+      ...     _device.host_computes()
+      False
+    """
+    token = _override.set(profile)
+    try:
+        yield profile
+    finally:
+        _override.reset(token)
+
+
+__all__ = ["CPU", "GPU", "PROFILES", "TPU", "DeviceProfile", "current", "host_computes", "using"]

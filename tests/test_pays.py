@@ -1,0 +1,151 @@
+"""Every pass pays for itself (issue 65): the fold, each loop body's hoisting and the
+constants' placement decide by what a call costs, on programs built to sit on each
+side of the line. Decisions are asserted on the residual and the report, never on
+wall-clock times (``python -m pejit.bench`` measures those).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from pejit import FoldOptions, pejit
+from pejit._calls import _keys
+
+from ._util import f32_products, primitive_names
+
+rng = np.random.default_rng(0)
+SMALL = jnp.asarray(rng.standard_normal((4, 4)), jnp.float32)
+BIG = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
+
+
+def _body_names(residual) -> list[str]:
+    loop = next(e for e in residual.jaxpr.eqns if e.primitive.name in ("scan", "while"))
+    body = loop.params.get("jaxpr") or loop.params["body_jaxpr"]
+    return primitive_names(body)
+
+
+def cheap_in_loop(a, x):
+    # per trip: a 256x256 product with the state; the known work, the sines of a
+    # 16x16 constant and their sum, is a few hundred FLOPs that XLA computes once
+    def body(i, v):
+        return jnp.tanh(BIG @ v + jnp.sum(jnp.sin(a)) * v[0])
+
+    return lax.fori_loop(0, 20, body, x)
+
+
+def library_call_in_loop(a, x):
+    return lax.fori_loop(0, 20, lambda i, v: jnp.tanh(jnp.linalg.inv(a) @ v), x)
+
+
+def test_cheap_known_work_stays_in_a_loop_body():
+    a = jnp.tile(SMALL, (4, 4))
+    with f32_products():
+        f = pejit(cheap_in_loop, constant_argnums=0)
+        x = jnp.ones(256)
+        np.testing.assert_allclose(f(a, x), jax.jit(cheap_in_loop)(a, x), rtol=1e-5, atol=1e-6)
+    residual = f.specialize(a, x).residual
+    assert "sin" in _body_names(residual)  # kept: carrying it in as a constant would not pay
+    assert any(u.nested for u in residual.report.unfolded) and not residual.report.hoisted
+    assert "stay in the program" in str(residual.report)
+    everything = pejit(cheap_in_loop, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0))
+    assert "sin" not in _body_names(everything.specialize(a, x).residual)  # min_gain 0: hoisted
+
+
+def test_a_library_call_in_a_loop_body_is_hoisted():
+    # XLA runs an inverse's LAPACK calls on every trip: folding them pays
+    with f32_products():
+        a = SMALL + 4 * jnp.eye(4)
+        f = pejit(library_call_in_loop, constant_argnums=0)
+        np.testing.assert_allclose(f(a, jnp.ones(4)), jax.jit(library_call_in_loop)(a, jnp.ones(4)), rtol=1e-5)
+    residual = f.specialize(a, jnp.ones(4)).residual
+    assert not {"lu", "triangular_solve", "getrf"} & set(_body_names(residual))
+    assert not residual.report.unfolded
+
+
+def test_a_fold_that_saves_too_little_keeps_the_program():
+    def f(a, x):  # a 512x512 product on x beside a sum of a 4x4 constant
+        return jnp.tanh(x @ x) + jnp.sum(a * a) * x
+
+    x = jnp.asarray(rng.standard_normal((512, 512)), jnp.float32)
+    a = jnp.tile(SMALL, (4, 4))  # 16x16: its square's sum is 512 FLOPs of 2.7e8 a call
+    spec = pejit(f, constant_argnums=0).specialize(a, x)
+    report = spec.report
+    assert report.unfolded and not report.unfolded[0].nested
+    assert report.folded_eqns == 0 and "jit(_reduce_sum)" in report.residual
+    assert [c.shape for c in spec.consts] == [a.shape]  # the constant itself, as jax.jit's program reads it
+    with f32_products():
+        np.testing.assert_allclose(pejit(f, constant_argnums=0)(a, x), jax.jit(f)(a, x), rtol=1e-5, atol=1e-5)
+    folded = pejit(f, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0)).specialize(a, x)
+    assert "jit(_reduce_sum)" not in folded.report.residual and not folded.report.unfolded
+
+
+def test_work_without_a_lowering_folds_whatever_it_saves():
+    # a primitive with only an impl cannot stay in a compiled program
+    from jax.extend.core import Primitive
+
+    probe = Primitive("pays_probe")
+    probe.def_impl(lambda a: a + 1.0)
+    probe.def_abstract_eval(lambda a: a)
+
+    def f(a, x):
+        return jnp.tanh(x @ x) + probe.bind(a)[0, 0] * x
+
+    x = jnp.ones((256, 256))
+    spec = pejit(f, constant_argnums=0).specialize(SMALL, x)
+    assert "pays_probe" not in spec.report.residual and not spec.report.unfolded
+
+
+def test_a_scan_is_not_split_for_known_work_that_costs_nothing():
+    # a known counter's work (a transpose) would reach the residual loop as stacked inputs
+    def f(c, x):
+        return lax.fori_loop(0, 3, lambda i, v: jnp.tanh(v @ c.T), x)
+
+    residual = pejit(f, constant_argnums=0, fold_options=FoldOptions(affine=False)).specialize(BIG, jnp.ones(256))
+    assert [e.primitive.name for e in residual.residual.jaxpr.eqns] == ["scan"]
+
+
+# -- the folded constants compiled in ----------------------------------------------
+@pytest.mark.parametrize("shape, compiled_in", [((64, 64), True), ((1024, 512), False)], ids=["small", "large"])
+def test_small_folded_constants_are_compiled_in(shape, compiled_in):
+    from pejit._fold import _offload
+
+    a = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+    f = pejit(lambda a, x: jnp.sin(a) @ x, constant_argnums=0)
+    x = jnp.ones(shape[1])
+    f(a, x)
+    _offload.submit(lambda: None).result()  # the worker compiled it: the calls switched
+    spec = f.specialize(a, x)
+    assert isinstance(spec.call, functools.partial) is not compiled_in  # 16 KiB; 2 MiB stays a buffer
+    with f32_products():
+        np.testing.assert_allclose(f(a, x), jnp.sin(a) @ x, rtol=1e-5, atol=1e-5)
+        b = a + 1.0  # a second value of the structure shares the program: no compile of its own
+        np.testing.assert_allclose(f(b, x), jnp.sin(b) @ x, rtol=1e-5, atol=1e-5)
+    assert isinstance(f.specialize(b, x).call, functools.partial)
+
+
+# -- pytree constants that keep their value with their identity ---------------------
+@dataclasses.dataclass(frozen=True)
+class Model:
+    weights: jax.Array
+    table: np.ndarray  # a writable NumPy array: its contents can still change
+    scale: float = 2.0
+
+
+def test_a_frozen_pytree_is_recognized_by_identity_and_its_numpy_bytes():
+    jax.tree_util.register_dataclass(Model, data_fields=["weights", "table"], meta_fields=["scale"])
+    m = Model(jnp.ones((3, 3)), np.arange(3.0))
+    assert _keys.frozen_parts(m) == [m.table] and _keys.frozen_parts({"w": m.weights}) is None
+    f = pejit(lambda m, x: m.weights @ x * m.scale + m.table, constant_argnums=0)
+    x = jnp.ones(3)
+    np.testing.assert_allclose(f(m, x), [6.0, 7.0, 8.0])
+    guard = f._caches.fast_path().last[0][-2]  # the memo's: the NumPy leaf's bytes, not the tree's key again
+    assert not isinstance(guard, functools.partial) and guard.arrays == [m.table]
+    m.table[0] = 10.0  # its NumPy leaf changes: never used stale
+    np.testing.assert_allclose(f(m, x), [16.0, 7.0, 8.0])
