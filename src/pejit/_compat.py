@@ -152,10 +152,8 @@ except ImportError:
 def debug_info(traced_for: str, fun: Callable, args: Sequence[Any], kwargs: dict, *,
                static_argnums: Sequence[int] = (), static_argnames: Sequence[str] = ()):
     """JAX's debug info of a call (source line, argument names), as ``jax.jit`` builds it."""
-    return api_util.debug_info(
-        traced_for, fun, tuple(args), kwargs, static_argnums=tuple(static_argnums),
-        static_argnames=tuple(static_argnames),
-    )
+    return api_util.debug_info(traced_for, fun, tuple(args), kwargs, static_argnums=tuple(static_argnums),
+                               static_argnames=tuple(static_argnames))
 
 
 def unnamed_debug_info(traced_for: str, n_in: int, n_out: int):
@@ -196,6 +194,7 @@ _REQUIRED = [
     (core, "new_jaxpr_eqn", "building residual equations"),
     (_pe, "DynamicJaxprTrace", "the folding trace's base class"),
     (_pe, "DynamicJaxprTracer", "the folding trace's tracers"),
+    (_pe, "JaxprTrace", "partial evaluation (linearization), which needs no derivative rule"),
     (_pe, "convert_constvars_jaxpr", "opening a closed jaxpr"),
     (_pe, "partial_eval_jaxpr_nounits_fwd", "splitting loop bodies"),
     (_pe, "move_binders_to_back", "splitting loop bodies"),
@@ -535,6 +534,7 @@ def primitive_effects(prim, avals: Sequence[Any], params: dict):
 #: methods overridden or called, checked at import).
 DynamicJaxprTrace = _pe.DynamicJaxprTrace
 DynamicJaxprTracer = _pe.DynamicJaxprTracer
+JaxprTrace = _pe.JaxprTrace  # partial evaluation's (jax.linearize runs JVP rules under it)
 #: What JAX's forward-mode differentiation of a ``custom_vjp`` call leaves for
 #: the backward rule: a linear equation whose transpose runs the rule.
 custom_lin_p = _ad.custom_lin_p

@@ -100,7 +100,7 @@ class Pejitted:
     # and caches to another (``pejit(jax.grad(h))`` ran ``h``). The
     # ``__dict__`` holds only the wrapped function's attributes, as jax.jit's.
     __slots__ = ("info", "_jitted", "_options", "_caches", "_layouts", "_dispatch", "_lock", "_warned",
-                 "_hints_given", "_jvp", "__dict__", "__weakref__")
+                 "_hints_given", "_jvp", "_of_derivative", "__dict__", "__weakref__")
 
     def __init__(self, fun: Callable, **options: Any):
         jit = options.get("jit", True)
@@ -120,6 +120,7 @@ class Pejitted:
         self._warned = False
         self._hints_given: set[str] = set()  # see _errors.check_constants/check_folded
         self._jvp: Pejitted | None = None  # its derivative's pejit function (see _run)
+        self._of_derivative = False  # whether it is another one's _jvp
         functools.update_wrapper(self, fun)
 
     @property
@@ -215,11 +216,16 @@ class Pejitted:
         """Run ``spec``'s residual for a call; under a transformation, with pejit's derivative
         rule (see :mod:`pejit._calls._derivatives`). Not inside a fold (the folding trace
         differentiates nothing; the enclosing function's derivative is folded whole), nor
-        for ``pe`` staged into a jaxpr: ``jax.make_jaxpr`` of it shows its residual program,
-        as of TFC's ``pe`` (its derivatives under ``jax.grad`` or ``jax.jacfwd`` still fold)."""
+        under partial evaluation (the linearization of a derivative rule only splits its
+        known outputs from its tangents), nor for a derivative staged into a jaxpr (the JVP of
+        a ``jax.checkpoint`` or a loop body, which JAX partially evaluates as a whole: a
+        ``custom_jvp`` call there would keep its outputs unknown), nor for ``pe`` staged into
+        a jaxpr: ``jax.make_jaxpr`` of it shows its residual program, as of TFC's ``pe``
+        (its derivatives under ``jax.grad`` or ``jax.jacfwd`` still fold)."""
         trace = _compat.TRACE.value
-        if (trace is _compat.eval_trace or isinstance(trace, StagingTrace) or not self.info.fold_options.derivatives
-                or (not self.info.jit and type(trace) is _compat.DynamicJaxprTrace)):
+        staged = type(trace) is _compat.DynamicJaxprTrace
+        if (trace is _compat.eval_trace or isinstance(trace, (StagingTrace, _compat.JaxprTrace))
+                or not self.info.fold_options.derivatives or (staged and (self._of_derivative or not self.info.jit))):
             return spec.call(*dyn_args, **dyn_kwargs)
         const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
         return traced_call(self._derivative(), spec.call, const_pos, const_kw, dyn_args, dyn_kwargs)
@@ -233,6 +239,7 @@ class Pejitted:
                                      fold_options=self.info.fold_options)
                 # the hints are about the user's function (given there), not its derivative
                 self._jvp._hints_given.update(("writable", "nothing", "respecializing"))
+                self._jvp._of_derivative = True
             return self._jvp
 
     def _memoize(self, args: tuple, kwargs: dict, layout: Layout, key: tuple, spec: Specialization) -> None:

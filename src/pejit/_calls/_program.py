@@ -200,8 +200,9 @@ class Specialization:
         only the first value of a structure does, the one a program serves
         until its constants change; later values share ``program.run``, so
         that constants that keep changing cost no compile (the folding
-        program's point) and hold no executable each. With a spare core the shared program, compiled beside the fold, serves
-        the first calls while the worker compiles this one for ``specs``
+        program's point) and hold no executable each. With a spare core the
+        shared program, compiled beside the fold, serves the first calls
+        while the worker compiles this one for ``specs``
         (the dynamic arguments' types, ``(args, kwargs)``); then the call
         switches to it and ``replaced(old, new)`` is told (the caller's memo
         calls the old one). ``jit_kwargs``: ``jax.jit``'s options for a

@@ -454,8 +454,9 @@ def _call_primitive(name: str, backend: str) -> Primitive:
     prim.multiple_results = True
     prim.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args, backend))
     prim.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
-    mlir.register_lowering(prim, mlir.lower_fun(lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args),
-                                                multiple_results=True))
+    inline = lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args)  # noqa: E731
+    mlir.register_lowering(prim, mlir.lower_fun(inline, multiple_results=True))
+    prim.to_lojax = inline  # JAX >= 0.12 lowers a jaxpr it marks high (is_high) equation by equation
     return prim
 
 
