@@ -142,6 +142,24 @@ def test_scan_hoists_loop_invariant_inverse():
     assert not LAPACK & set(names)
 
 
+def test_gradient_of_a_scan_with_hoisted_work_in_its_derivative():
+    """The derivative's fold hoists ``abs(b)`` out of the JVP's scan, whose tangent
+    inputs JAX 0.7 transposes by scan's ``linear`` flags: they must survive hoisting."""
+    def f(a, b):
+        def body(carry, x):
+            new = jnp.tanh(carry * x + jnp.abs(b))
+            return new, jnp.sum(new)
+
+        carry, ys = lax.scan(body, a, jnp.stack([a, a, b]))
+        return carry + jnp.mean(ys)
+
+    a, b = jnp.linspace(0.1, 0.5, 4), jnp.linspace(-1.0, 1.0, 4)
+    folded = pejit.pejit(f, constant_argnums=1)
+    want = jax.grad(lambda a: jnp.sum(f(a, b)))(a)
+    np.testing.assert_allclose(jax.grad(lambda a: jnp.sum(folded(a, b)))(a), want, rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda a: jnp.sum(folded(a, b))))(a), want, rtol=1e-5)
+
+
 def test_while_hoists_from_body_and_condition():
     def f(A, x):
         cond = lambda c: jnp.sum(jnp.linalg.inv(2 * A) @ c[1]) < 50.0  # noqa: E731

@@ -399,8 +399,7 @@ class ScanParams:
         if "ft_in" in self.params:
             _, carry, xs = self.params["ft_in"].unpack()
             return dict(self.params, jaxpr=jaxpr, ft_in=_ft.pack((_ft.nones(num_consts), carry, xs)))
-        n_in = num_consts + self.num_carry + self.num_xs
-        return dict(self.params, jaxpr=jaxpr, num_consts=num_consts, **_linear(self.params, n_in))
+        return dict(self.params, jaxpr=jaxpr, num_consts=num_consts, **_linear(self.params, num_consts, self.num_consts))
 
     def split(self, jaxpr, *, consts: int, carry: Sequence[bool], xs: Sequence[bool], ys: Sequence[bool],
               extra_xs: int = 0, extra_ys: int = 0) -> dict:
@@ -426,16 +425,17 @@ class ScanParams:
                 self.params, jaxpr=jaxpr,
                 ft_in=_ft.pack((_ft.nones(consts), carry_g, xs_g)), ft_out=_ft.pack((carry_g, ys_g)),
             )
-        n_in = consts + n_carry + sum(xs) + extra_xs
-        return dict(self.params, jaxpr=jaxpr, num_consts=consts, num_carry=n_carry, **_linear(self.params, n_in))
+        return dict(self.params, jaxpr=jaxpr, num_consts=consts, num_carry=n_carry,
+                    **_linear(self.params, consts, self.num_consts, [*carry, *xs], extra_xs))
 
 
-def _linear(params: dict, n: int) -> dict:
-    """``scan``'s ``linear`` for ``n`` new inputs (JAX < 0.10 has and checks it).
-
-    All False is always sound: it only enables a transposition shortcut.
-    """
-    return {"linear": (False,) * n} if "linear" in params else {}
+def _linear(params: dict, consts: int, old_consts: int, kept: Sequence[bool] | None = None, extra: int = 0) -> dict:
+    """``scan``'s ``linear`` (JAX < 0.10) for ``consts`` new constants, the carries and xs ``kept``
+    masks (all: None; as they were: JAX 0.7 transposes a scan by them) and ``extra`` new xs."""
+    if "linear" not in params:
+        return {}
+    old = [lin for i, lin in enumerate(params["linear"][old_consts:]) if kept is None or kept[i]]
+    return {"linear": (False,) * consts + tuple(old) + (False,) * extra}
 
 
 # -- tracers and traces -------------------------------------------------------
