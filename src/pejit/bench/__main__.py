@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None,
                         help="file name of the results (default: RESULTS-quick.md, or RESULTS-full.md)")
     parser.add_argument("--tfc-python", default=None, help="a Python with tfc installed")
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,11,12,13,14,15",
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9,11,12,13,14,15,16",
                         help="comma-separated case numbers (10, the persistent cache, runs many fresh processes: ask for it)")
     parser.add_argument("--cold-repeat", type=int, default=None,
                         help="fresh processes per fold-time sample (default: 1 quick, 3 full)")

@@ -144,9 +144,10 @@ def _sample(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def paired(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int) -> dict:
+def paired(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int, also: tuple[str, ...] = ()) -> dict:
     """Per-call medians, and each function's median difference from and ratio to
-    ``ref`` over rounds in which both ran back to back (the order alternating)."""
+    ``ref`` over rounds in which both ran back to back (the order alternating);
+    ratios to each of ``also`` too, under ``ratio_to``."""
     for fn in fns.values():
         _sample(fn, calls)  # warm: compiled, memoized
     samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -159,4 +160,5 @@ def paired(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int) 
         "times": {k: statistics.median(v) for k, v in samples.items()},
         "extra": {k: statistics.median(a - b for a, b in zip(v, samples[ref])) for k, v in samples.items() if k != ref},
         "ratio": {k: r for k, r in ratios.items() if k != ref},
+        **({"ratio_to": {other: paired_ratios(samples, other) for other in also}} if also else {}),
     }

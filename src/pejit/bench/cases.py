@@ -24,7 +24,7 @@ import numpy as np
 
 from pejit import pejit
 
-from . import loops, programs
+from . import gradients, loops, programs
 from ._common import _s, interleaved, paired_ratios, rounds, run_worker
 
 
@@ -565,4 +565,4 @@ def case12(ctx: Context) -> dict:
 
 CASES = {1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8, 9: case9,
          10: case10, 11: case11, 12: case12, 13: loops.case13, 14: loops.case14,
-         15: loops.case15}
+         15: loops.case15, 16: gradients.case16}

@@ -13,7 +13,7 @@ import jax
 import jaxlib
 import numpy as np
 
-from . import loops
+from . import gradients, loops
 from ._common import _s, mib
 from .cases import Context
 from .targets import Target
@@ -283,7 +283,7 @@ def _case12(r):
 
 SECTIONS = {1: _case1, 2: _case2, 3: _case3, 4: _case4, 5: _case5, 6: _case6, 7: _case7, 8: _case8, 9: _case9,
             10: _case10, 11: _case11, 12: _case12, 13: loops.section13, 14: loops.section14,
-            15: loops.section15}
+            15: loops.section15, 16: gradients.section16}
 
 
 def _plots(out: Path, stem: str, results: dict) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from . import loops
+from . import gradients, loops
 from ._common import _s, mib
 
 
@@ -187,6 +187,7 @@ def targets(results: dict) -> list[Target]:
                               "n/a" if r_ is None else f"{steady['times'][key] * 1e6:.1f} us / "
                               f"{steady['times']['tfc'] * 1e6:.1f} us: {r_:.3f} (median of ratios paired by round)"))
     out += loops.targets(results, Target)
+    out += gradients.targets(results, Target)
     if 8 in results:
         r = results[8]
         t, jit_first = r["first_totals"], r["first_call"]["jax.jit"]

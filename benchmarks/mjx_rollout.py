@@ -1,0 +1,135 @@
+"""MJX rollouts under pejit and ``jax.jit`` (issue 65): first call and per call.
+
+The issue's program, as written: ``rollout = lambda mx, dx: jax.lax.fori_loop(0, 50,
+lambda i, d: mjx.step(mx, d), dx).qpos`` with the model constant, on the issue's
+small model (50 steps) and on ``humanoid.xml`` from ``mujoco-mjx``'s test data (20
+steps). Per model:
+
+* the first call (trace, fold, compile, run) of pejit, of ``jax.jit`` with the model
+  as an argument and with it closed over, each in a fresh process (``--repeat``
+  processes each, alternating);
+* per call, the three side by side in one process, in rounds whose order
+  alternates; ratios are medians of per-round ratios to each ``jax.jit`` variant.
+
+Values are checked equal to ``jax.jit``'s. Needs ``mujoco-mjx`` (JAX >= 0.11 for its
+current release). Run:
+``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python benchmarks/mjx_rollout.py [--repeat N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+_YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="  # JAX issue #39103; children inherit it
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_YNN_OFF}".strip()
+
+SMALL = """<mujoco><option timestep="0.005"/><worldbody><light pos="0 0 3"/><geom type="plane" size="5 5 .1"/>
+<body pos="0 0 1"><joint type="free"/><geom type="box" size=".1 .2 .3" mass="1"/></body>
+<body pos="0.5 0 1.5"><joint type="hinge" axis="0 1 0"/><geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.05"/>
+<body pos="0 0 -0.5"><joint type="hinge" axis="0 1 0"/><geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.05"/></body></body>
+</worldbody></mujoco>"""
+STEPS = {"small": 50, "humanoid": 20}
+VARIANTS = ("pejit", "jax.jit (model as argument)", "jax.jit (model closed over)")
+
+
+def setup(model: str):
+    """``(rollout, mx, dx)`` for ``model``."""
+    import jax
+    import mujoco
+    from mujoco import mjx
+
+    if model == "small":
+        m = mujoco.MjModel.from_xml_string(SMALL)
+    else:
+        m = mujoco.MjModel.from_xml_path(os.path.join(os.path.dirname(mjx.__file__), "test_data/humanoid/humanoid.xml"))
+    mx = mjx.put_model(m)
+    dx = mjx.make_data(mx)
+    steps = STEPS[model]
+    rollout = lambda mx, dx: jax.lax.fori_loop(0, steps, lambda i, d: mjx.step(mx, d), dx).qpos  # noqa: E731
+    return rollout, mx, dx
+
+
+def calls(model: str) -> dict:
+    """The three variants of ``model``'s rollout, each a zero-argument call."""
+    import jax
+
+    from pejit import pejit
+
+    rollout, mx, dx = setup(model)
+    f = pejit(rollout, constant_argnums=0)
+    jitted = jax.jit(rollout)
+    closed = jax.jit(lambda dx: rollout(mx, dx))
+    return dict(zip(VARIANTS, (lambda: f(mx, dx), lambda: jitted(mx, dx), lambda: closed(dx))))
+
+
+def first_call(model: str, variant: str) -> None:
+    """In a fresh process: print the first call's seconds as JSON."""
+    import jax
+
+    fn = calls(model)[variant]
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def per_call(model: str, rounds: int) -> dict:
+    import jax
+    import numpy as np
+
+    fns = calls(model)
+    outs = {k: np.asarray(fn()) for k, fn in fns.items()}
+    # a program compiled with the model in it rounds apart (XLA folds it: closed over too)
+    for k, v in outs.items():
+        np.testing.assert_allclose(v, outs[VARIANTS[1]], rtol=1e-5, atol=1e-6, err_msg=f"{k} differs from jax.jit")
+    samples = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 else names[::-1]:
+            start = time.perf_counter()
+            for _ in range(10):
+                out = fns[name]()
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / 10)
+    return {"us": {k: statistics.median(v) * 1e6 for k, v in samples.items()},
+            "max_abs_difference": {k: float(np.max(np.abs(v - outs[VARIANTS[1]]))) for k, v in outs.items()},
+            "ratio": {ref: statistics.median(a / b for a, b in zip(samples[VARIANTS[0]], samples[ref]))
+                      for ref in VARIANTS[1:]}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=2, help="fresh processes per first-call sample")
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--first-call", nargs=2, help=argparse.SUPPRESS)  # a child process's job
+    args = parser.parse_args(argv)
+    if args.first_call:
+        first_call(*args.first_call)
+        return 0
+    for model in STEPS:
+        firsts = {v: [] for v in VARIANTS}
+        for r in range(args.repeat):
+            for v in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                out = subprocess.run([sys.executable, __file__, "--first-call", model, v], check=True,
+                                     capture_output=True, text=True).stdout
+                firsts[v].append(json.loads(out.splitlines()[-1])["seconds"])
+        r = per_call(model, args.rounds)
+        print(f"## {model} ({STEPS[model]} steps)")
+        for v in VARIANTS:
+            print(f"- {v}: first call {', '.join(f'{s:.1f}' for s in firsts[v])} s; per call {r['us'][v]:.0f} us")
+        best_jit_first = min(min(firsts[v]) for v in VARIANTS[1:])
+        print(f"- pejit first call / jax.jit's (best of each): {min(firsts[VARIANTS[0]]) / best_jit_first:.2f}")
+        print("- largest difference from jax.jit (model as argument): "
+              + ", ".join(f"{k} {d:.1e}" for k, d in r["max_abs_difference"].items()))
+        print("- pejit per call / " + "; / ".join(f"{ref}: {x:.3f}" for ref, x in r["ratio"].items())
+              + " (median of ratios paired by round)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
