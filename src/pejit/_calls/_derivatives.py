@@ -15,8 +15,11 @@ any other: a ``custom_jvp`` rule and a ``custom_vjp`` forward rule on the
 known values, and the backward rule as the ``custom_lin`` equation that
 forward-mode differentiation leaves (``pejit._residual.rules.custom``).
 Reverse mode is JAX's linearization of that rule, so ``jax.grad``,
-``jax.vjp``, ``jax.jacrev`` and ``jax.hessian`` all go through it; higher
-derivatives are derivatives of the child, folded the same way.
+``jax.vjp``, ``jax.jacrev`` and ``jax.hessian`` all go through it. Higher
+derivatives differentiate the child: forward mode through its own rule,
+folded the same way; linearization (partial evaluation) through its
+residual, since JAX 0.12 stages a ``custom_jvp`` call there whole, with no
+output known (``Pejitted._run``).
 
 ``FoldOptions(derivatives=False)`` lets JAX differentiate the residual
 program instead.
