@@ -82,7 +82,10 @@ def matrix_vector(folder: Folder, trace, args, params) -> tuple:
         if not folder.is_known(c) or folder.is_known(v) or jnp.ndim(c) != 2 or jnp.ndim(v) != 1:
             continue
         c = folder.materialize(c)
-        return (c if contract[side] == (1,) else c.T), v
+        if contract[side] != (1,):
+            with trace.as_current():  # a rule may run where JAX set no current trace (its linearization)
+                c = c.T
+        return c, v
     return None, None
 
 
