@@ -76,7 +76,7 @@ def matrix_vector(folder: Folder, trace, args, params) -> tuple:
     (contract, batch) = params["dimension_numbers"]
     if batch != ((), ()) or params.get("preferred_element_type") not in (None, jnp.result_type(*args)):
         return None, None
-    args = [_compat.const_of(trace, a) if _compat.const_of(trace, a) is not None else a for a in args]
+    args = [a if (c := _compat.const_of(trace, a)) is None else c for a in args]
     for side in (0, 1):
         c, v = args[side], args[1 - side]
         if not folder.is_known(c) or folder.is_known(v) or jnp.ndim(c) != 2 or jnp.ndim(v) != 1:
