@@ -216,6 +216,9 @@ def fold_custom_lin(folder: Folder, trace, prim, args, params):
     zeros = list(in_cts)
 
     def new_bwd(*res_cts):
+        # JAX 0.12 hands a rule its zero cotangents as symbolic zeros, which the
+        # rule's own wrapper instantiates; the folded body takes arrays.
+        res_cts = [_zeros(x.aval) if type(x) in (SymbolicZero, ad.Zero) else x for x in res_cts]
         outs = iter(_eval(body, *res_cts))
         cts = [next(outs) if aval is None else ad.Zero(aval) for aval in zeros]
         return (cts, None) if _BWD_LOGS else cts
