@@ -28,7 +28,7 @@ from ._calls._cache import CacheInfo, Caches
 from ._calls._dispatch import Layout, dispatcher, memo, straight_line
 from ._fold._stats import FoldStats
 from ._calls._info import fixed_positions, parse_pejit_arguments, split_call
-from ._calls._keys import TracedConstant, constant_key, dynamic_aval, dynamic_key, is_array, watched
+from ._calls._keys import TracedConstant, constant_key, dynamic_key, is_array, watched
 from ._calls._program import OtherSignature, Program, Specialization
 from ._calls._specializer import jit_kwargs_for, make_runner, specialize
 from ._calls._derivatives import jvp_of, traced_call
@@ -37,7 +37,6 @@ from ._calls._stages import Lowered, Traced
 
 _tree_unflatten = jax.tree_util.tree_unflatten
 _tree_leaves = jax.tree_util.tree_leaves
-_tree_map = jax.tree_util.tree_map
 
 
 class _KW:
@@ -325,9 +324,7 @@ class Pejitted:
         with specializing():
             spec = specialize(self.info, layout, self._caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
         if self.info.jit and self.info.fold_options.literals:
-            specs = _tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
-                              _tree_map(dynamic_aval, (dyn_args, dyn_kwargs)))
-            spec.compile_in(jit_kwargs_for(self.info, layout, 0), specs, self._caches.specializations.replace_call)
+            spec.compile_in(jit_kwargs_for(self.info, layout, 0))
         const_leaves = _tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(self.info.name, const_leaves, self._hints_given)
         _errors.check_folded(self.info.name, spec, const_leaves, self._hints_given)

@@ -171,13 +171,6 @@ class SpecializationCache:
             self.last[0] = NO_MEMO
         return key, value
 
-    def replace_call(self, old: Callable, new: Callable) -> None:
-        """A specialization's call changed from ``old`` to ``new`` (see
-        ``Specialization.compile_in``): the memo of ``old`` calls ``new``."""
-        memo = self.last[0]
-        if memo[-1] is old:
-            self.last[0] = (*memo[:-1], new)
-
     def several(self, constants: Any) -> None:
         """Mark ``constants`` as selecting several entries: lookups need the full key."""
         with self._lock:

@@ -148,6 +148,11 @@ class PerValue(NamedTuple):
 INLINE_BYTES = 1 << 20
 
 
+def inlinable(consts: Sequence) -> bool:
+    """Whether folded constants (arrays, or their types) are small enough to compile in."""
+    return sum(c.size * c.dtype.itemsize for c in consts) <= INLINE_BYTES
+
+
 class Specialization:
     """One specialization: folded constants and the program that uses them.
 
@@ -185,9 +190,9 @@ class Specialization:
         (``INLINE_BYTES`` in all) arrays on one device of this process."""
         local = all(type(c) is np.ndarray or (type(c) is _compat.ArrayImpl and c.is_fully_addressable
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
-        return local and sum(c.nbytes for c in self.consts) <= INLINE_BYTES
+        return local and inlinable(self.consts)
 
-    def compile_in(self, jit_kwargs: dict, specs: tuple, replaced: Callable[[Callable, Callable], None]) -> None:
+    def compile_in(self, jit_kwargs: dict) -> None:
         """Call a program with the folded constants compiled in, as ``jax.jit`` compiles
         the arrays a function closes over, where they are ``compilable_in``.
 
@@ -200,13 +205,13 @@ class Specialization:
         only the first value of a structure does, the one a program serves
         until its constants change; later values share ``program.run``, so
         that constants that keep changing cost no compile (the folding
-        program's point) and hold no executable each. With a spare core the
-        shared program, compiled beside the fold, serves the first calls
-        while the worker compiles this one for ``specs``
-        (the dynamic arguments' types, ``(args, kwargs)``); then the call
-        switches to it and ``replaced(old, new)`` is told (the caller's memo
-        calls the old one). ``jit_kwargs``: ``jax.jit``'s options for a
-        function of the dynamic arguments alone.
+        program's point) and hold no executable each. The first call
+        compiles it, the only program the first value compiles (the shared
+        one is not compiled ahead for it, see
+        `pejit._calls._specializer.runner_ahead`: an MJX model's rollout
+        compiled three programs of 10 s each on its first call).
+        ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
+        arguments alone.
         """
         if not self.consts or self.program.compiled_in or not self.compilable_in:
             return
@@ -218,18 +223,7 @@ class Specialization:
             return run(*consts, *args, **kwargs)
 
         residual.__name__ = residual.__qualname__ = getattr(run, "__name__", "residual")
-        inlined = jax.jit(residual, **jit_kwargs)
-        spare = _offload.spare()
-        if spare is None:
-            self.call = inlined  # compiled at its first call, the only program compiled
-            return
-
-        def switch(future) -> None:
-            if future.exception() is None:
-                old, self.call = self.call, inlined
-                replaced(old, inlined)
-
-        spare.submit(lambda: inlined.lower(*specs[0], **specs[1]).compile()).add_done_callback(switch)
+        self.call = jax.jit(residual, **jit_kwargs)
 
     @property
     def run(self) -> Callable:

@@ -29,7 +29,7 @@ from ._cache import SpecializationCache
 from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
-from ._program import FoldingProgram, PerValue, Program, Specialization, runner, why_per_value
+from ._program import FoldingProgram, PerValue, Program, Specialization, inlinable, runner, why_per_value
 from .._residual._partial_eval import fold, share_constants, to_device
 from .._fold._staging import ClosedOverTracer
 from .._fold._values import Compactor
@@ -208,9 +208,15 @@ def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree,
     whose evaluation leaves the second core idle. The runner serves if the
     first value's constants are passed as they are (no equal or uniform
     ones, see :func:`shared_program`); else it was a compile on the spare core.
+    Not where the constants will be compiled into the first value's program
+    (:meth:`~pejit._calls._program.Specialization.compile_in`): that program
+    serves, and a compile of this one would only compete with it for the
+    cores.
     """
     spare = _offload.spare()
     if spare is None or not info.jit or info.jit_kwargs or info.constant_shardings is not None:
+        return None
+    if info.fold_options.literals and inlinable([v.aval for v in jaxpr.invars[:nconsts]]):
         return None
     run = make_runner(info, layout, jaxpr, nconsts, out_tree, in_tree)
     try:
