@@ -195,6 +195,24 @@ def test_numpy_constants_take_the_hot_path_and_are_still_never_stale(form, monke
         assert f.cache_info()[1::2] == (3, 2)
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_mid_sized_numpy_constant_is_guarded_to_its_last_byte(order):
+    from pejit._calls._keys import MEMCMP_BYTES
+
+    # from MEMCMP_BYTES a contiguous array is compared with memcmp against a held
+    # copy; a Fortran-ordered one by its bytes
+    n = int(np.sqrt(MEMCMP_BYTES / 4))
+    a = np.asarray(np.random.default_rng(0).standard_normal((n, n)), np.float32, order=order)
+    x = jnp.ones(n)
+    f = pj(lambda a, x: a @ x, constant_argnums=0)
+    for _ in range(2):
+        np.testing.assert_allclose(f(a, x), a @ np.ones(n, np.float32), rtol=1e-5, atol=1e-4)
+    a[-1, -1] += 1.0
+    np.testing.assert_allclose(f(a, x), a @ np.ones(n, np.float32), rtol=1e-5, atol=1e-4)
+    b = a.reshape(n // 2, 2 * n)  # the same bytes in another shape: a new structure, not a stale result
+    np.testing.assert_allclose(f(b, jnp.ones(2 * n)), b @ np.ones(2 * n, np.float32), rtol=1e-5, atol=1e-4)
+
+
 def test_a_large_numpy_constant_is_guarded_by_its_digest(monkeypatch):
     from pejit._calls._keys import SNAPSHOT_BYTES
 
