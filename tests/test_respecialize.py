@@ -257,3 +257,26 @@ def test_closures_over_constants_trace_per_value(fun, reason):
         if fun in (closing_function, closing_rule):  # (the others' derivatives need no test here)
             want = jax.grad(lambda x: fun(a, x).sum())(x)
             np.testing.assert_allclose(jax.grad(lambda x: f(a, x).sum())(x), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n, one_off", [(8, True), (512, False)], ids=["little work", "much work"])
+def test_a_folding_program_of_little_work_compiles_unoptimized(monkeypatch, n, one_off):
+    # A second value compiles the folding program; where its work is small, XLA's
+    # optimization passes would cost more than they save on a run per value.
+    from pejit._calls._program import ONE_OFF
+
+    options = []
+    compile_ = jax.stages.Lowered.compile
+
+    def compile_watched(self, *args, **kwargs):
+        if "folding_program" in self.as_text()[:200]:
+            options.append(kwargs.get("compiler_options"))
+        return compile_(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    f = pejit(lambda a, x: jnp.sin(a @ a) @ x, constant_argnums=0)
+    x = jnp.ones(n)
+    for value in (a, a + 1):
+        np.testing.assert_allclose(f(value, x), jnp.sin(value @ value) @ x, rtol=2e-3, atol=2e-3)
+    assert options == [ONE_OFF if one_off else None]

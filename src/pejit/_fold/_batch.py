@@ -45,7 +45,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from .. import _compat
-from . import _abstract, _compiled, _device, _host, _offload, _primitives, _refold, _trim
+from . import _abstract, _compiled, _device, _flops, _host, _offload, _primitives, _refold, _trim
 from ._primitives import called_jaxpr
 from ._values import nbytes
 
@@ -471,6 +471,7 @@ known_part_p = _call_primitive("known_part", "eager")
 #: evaluating the program evaluates its equations as the batch's own
 #: (:func:`flat_recipes`), compiling it compiles its body.
 batch_p = _call_primitive("folded_batch", "auto")
+_flops.register_flop_rule(known_part_p, batch_p)(_flops.call_flops)
 
 
 def _stage(recipes, env, outputs) -> list[Any]:

@@ -152,7 +152,8 @@ def _fft(eqn):
 
 
 @register_flop_rule(_compat.jit_p, P.closed_call_p, _compat.remat_p)
-def _call(eqn):
+def call_flops(eqn):
+    """A call's FLOPs: its body's (pejit's own call primitives register it too)."""
     sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
     return jaxpr_flops(sub)
 
