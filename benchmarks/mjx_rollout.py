@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -79,27 +78,20 @@ def first_call(model: str, variant: str) -> None:
 
 
 def per_call(model: str, rounds: int) -> dict:
-    import jax
     import numpy as np
+
+    from pejit.bench._common import paired
 
     fns = calls(model)
     outs = {k: np.asarray(fn()) for k, fn in fns.items()}
     # a program compiled with the model in it rounds apart (XLA folds it: closed over too)
     for k, v in outs.items():
         np.testing.assert_allclose(v, outs[VARIANTS[1]], rtol=1e-5, atol=1e-6, err_msg=f"{k} differs from jax.jit")
-    samples = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names if r % 2 else names[::-1]:
-            start = time.perf_counter()
-            for _ in range(10):
-                out = fns[name]()
-            jax.block_until_ready(out)
-            samples[name].append((time.perf_counter() - start) / 10)
-    return {"us": {k: statistics.median(v) * 1e6 for k, v in samples.items()},
+    r = paired(fns, VARIANTS[1], calls=10, pairs=rounds, also=VARIANTS[2:])
+    return {"us": {k: t * 1e6 for k, t in r["times"].items()},
             "max_abs_difference": {k: float(np.max(np.abs(v - outs[VARIANTS[1]]))) for k, v in outs.items()},
-            "ratio": {ref: statistics.median(a / b for a, b in zip(samples[VARIANTS[0]], samples[ref]))
-                      for ref in VARIANTS[1:]}}
+            "ratio": {VARIANTS[1]: r["ratio"][VARIANTS[0]]} | {ref: r["ratio_to"][ref][VARIANTS[0]]
+                                                               for ref in VARIANTS[2:]}}
 
 
 def main(argv=None) -> int:
