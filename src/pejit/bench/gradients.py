@@ -148,22 +148,19 @@ def training_loop(quick: bool) -> tuple[dict, float]:
     y = jnp.sin(X[:, :1]) + 0.1 * X[:, 1:2]
     optimizer = optax.adam(1e-3)
 
-    def step(head, opt_state, frozen, X, y):
-        def loss(head):
-            features = jax.vmap(frozen)(X)  # the frozen part on the constant dataset
-            return jnp.mean((jax.vmap(head)(features) - y) ** 2)
-
+    def update(loss, head, opt_state):
         value, grads = jax.value_and_grad(loss)(head)
         updates, opt_state = optimizer.update(grads, opt_state, head)
         return eqx.apply_updates(head, updates), opt_state, value
+
+    def mse(head, features, y):
+        return jnp.mean((jax.vmap(head)(features) - y) ** 2)
+
+    def step(head, opt_state, frozen, X, y):  # the frozen part runs on the constant dataset in the loss
+        return update(lambda head: mse(head, jax.vmap(frozen)(X), y), head, opt_state)
 
     def hand_step(head, opt_state, features, y):
-        def loss(head):
-            return jnp.mean((jax.vmap(head)(features) - y) ** 2)
-
-        value, grads = jax.value_and_grad(loss)(head)
-        updates, opt_state = optimizer.update(grads, opt_state, head)
-        return eqx.apply_updates(head, updates), opt_state, value
+        return update(lambda head: mse(head, features, y), head, opt_state)
 
     features = jax.vmap(frozen)(X)
     variants = {"jax.jit": (eqx.filter_jit(step), (frozen, X, y)),
