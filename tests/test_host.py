@@ -40,6 +40,10 @@ CASES = {
     "int64 mul": (lax.mul, (W.astype(np.int64) << 32, W.astype(np.int64))),
     "uint8 sub": (lax.sub, (U, U[::-1])), "uint8 add scalar": (lax.add, (U, np.uint8(200))),
     "select_n int": (lambda w, a, b, c: lax.select_n(w, a, b, c), (np.abs(I) % 3, F, G, F * 2)),
+    # C's remainder, the dividend's sign: of negative dividends and divisors, at the edges of int32
+    "int rem": (lax.rem, (W, np.where(I == 0, 7, I) * np.int32(3))), "int rem scalar": (lax.rem, (I, np.int32(-3))),
+    "uint8 rem": (lax.rem, (U, np.uint8(7))),
+    "jnp.remainder": (lambda x: jnp.remainder(x, np.int32(5)), (I,)),  # Python's sign: rem, then moves
     "convert f64": (lambda x: lax.convert_element_type(x, np.float32), (D,)),
     "convert int": (lambda x: lax.convert_element_type(x, np.float32), (I,)),
     "broadcast_in_dim": (lambda x: lax.broadcast_in_dim(x, (2, 3, 5, 4), (1, 3)), (F,)),
@@ -134,10 +138,13 @@ def test_a_host_rule_gives_jax_s_bits(name):
     (lambda x: lax.convert_element_type(x, np.int32), (F,)),  # float to int: NaN and overflow differ
     (jnp.sin, (F,)), (jnp.dot, (F, G.T)), (jnp.sum, (F,)),  # XLA's kernels round otherwise
     (lambda x: x / np.float32(3.0), (F,)),  # XLA multiplies by the reciprocal
+    (lax.rem, (W, I)),  # by zero (I holds zeros): the back end's own
+    (lambda x: lax.rem(x, np.int32(-1)), (W,)),  # INT_MIN % -1 overflows
+    (lax.rem, (F, G)),  # floats: XLA's kernel, not NumPy's fmod
 ])
 def test_no_rule_where_numpy_could_differ(fun, args):
     for e, got, _ in _equations(fun, args):
-        if e.primitive.name in ("convert_element_type", "sin", "dot_general", "reduce_sum", "div"):
+        if e.primitive.name in ("convert_element_type", "sin", "dot_general", "reduce_sum", "div", "rem"):
             assert got is None, e
 
 
@@ -170,6 +177,24 @@ def test_a_nested_call_is_evaluated_op_by_op_when_rules_cover_its_body():
     uncovered = jax.make_jaxpr(lambda a: jax.jit(lambda y: jnp.sin(y) * 2.0)(a))(F)
     (call,) = uncovered.jaxpr.eqns
     assert _host.evaluate(call.primitive, [F], call.params) is None  # sin: JAX compiles the call
+
+
+def test_a_python_bool_operand_is_jax_s_bool():
+    """A known Python ``bool`` (never weakly typed) meets a host rule as ``np.bool_``."""
+    got = _host.evaluate(lax.or_p, [True, B], {})
+    np.testing.assert_array_equal(got, np.asarray(lax.bitwise_or(True, jnp.asarray(B))), strict=True)
+    assert _host.evaluate(lax.add_p, [1, I], {}) is None  # a Python int is weakly typed: JAX's
+
+
+def test_jnp_remainder_compiles_nothing():
+    """``jnp.take``'s wrapped indices and MJX's tree indexing: ``jnp.remainder`` of small
+    int32 arrays, one compile per shape before ``rem`` had a rule (1 s of the MJX
+    humanoid's first call)."""
+    (call,) = jax.make_jaxpr(jnp.remainder)(I, np.int32(-5)).jaxpr.eqns
+    with Compiles() as compiles:
+        (got,) = _host.evaluate(call.primitive, [I, np.int32(-5)], call.params)
+    assert compiles.count == 0
+    np.testing.assert_array_equal(got, np.remainder(I, -5), strict=True)
 
 
 def test_a_view_of_a_whole_array_is_not_copied_a_part_is():

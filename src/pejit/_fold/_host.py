@@ -15,9 +15,9 @@ dtype; comparisons and selection; the correctly rounded IEEE operations
 on floats, a sum with zeros being the other term itself; the same
 operations on integers, which wrap on overflow in NumPy's array loops as
 in XLA (``jnp.eye`` adds an offset to an ``iota``: a 40 ms compile of an
-``add`` in ``jacfwd``); and a matrix product with an identity matrix
-(``jacfwd``'s basis pushed through ``H @ xi``), which only moves the other
-operand, or with zeros. Not division (XLA divides by a broadcast scalar
+``add`` in ``jacfwd``), and their remainder but by 0 and -1; and a matrix
+product with an identity matrix (``jacfwd``'s basis pushed through
+``H @ xi``), which only moves the other operand, or with zeros. Not division (XLA divides by a broadcast scalar
 through its reciprocal; NumPy's integer division by zero is not XLA's),
 transcendental functions, other contractions or reductions, whose XLA
 kernels round differently. (XLA on a CPU flushes subnormal floats to
@@ -204,6 +204,20 @@ for prim, ufunc in ((P.eq_p, np.equal), (P.ne_p, np.not_equal), (P.lt_p, np.less
     HOST_RULES[prim] = _elementwise(ufunc)
 
 
+def _rem(x, y, **params):
+    """Integer ``rem``: C's remainder, the dividend's sign, in NumPy's ``fmod`` as
+    in XLA. Not by zero or by -1 (``INT_MIN % -1`` overflows), whose results
+    are the back end's own; not on floats, which XLA may compute otherwise.
+    ``jnp.remainder`` (``jnp.take``'s wrapped indices, MJX's tree indexing)
+    is ``rem`` and moves: covered, its call compiles nothing."""
+    if x.dtype in FLOATS or y.dtype in FLOATS or np.any(y == 0) or (y.dtype.kind == "i" and np.any(y == -1)):
+        return None
+    return _elementwise(np.fmod)(x, y, **params)
+
+
+HOST_RULES[P.rem_p] = _rem
+
+
 def _select_n(which, *cases):
     if which.dtype == bool:
         return np.where(which, cases[1], cases[0]) if len(cases) == 2 else None
@@ -370,7 +384,10 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
         return None
     host = []
     for a in args:
-        dtype = getattr(a, "dtype", None)  # a Python scalar: its dtype is the aval's, not NumPy's
+        if type(a) is bool:  # a Python bool is JAX's bool, never weakly typed
+            host.append(np.bool_(a))
+            continue
+        dtype = getattr(a, "dtype", None)  # a Python number: its dtype is the aval's, not NumPy's
         if dtype is None or dtype not in DTYPES or isinstance(a, _compat.Tracer):
             return None
         host.append(np.asarray(a))
