@@ -112,6 +112,40 @@ def test_a_scan_is_not_split_for_known_work_that_costs_nothing():
     assert [e.primitive.name for e in residual.residual.jaxpr.eqns] == ["scan"]
 
 
+def test_a_scan_is_not_split_to_stack_loop_invariant_work_hoisting_declined():
+    """Work on constants alone, in a loop whose counter is known: hoisting keeps it (1.8% of
+    the work, XLA computes it once a call), so splitting on the counter must not fold it
+    again, once per trip, into a stacked constant (the MJX humanoid's step: 445 KB)."""
+    b = jnp.asarray(rng.standard_normal((128, 128)), jnp.float32) / 12
+    a = jnp.asarray(rng.standard_normal(2048), jnp.float32)
+
+    def f(consts, x):
+        a, b = consts
+        return lax.fori_loop(0, 10, lambda i, v: jnp.tanh(v @ b) + jnp.mean(jnp.sin(a) * a), x)
+
+    x = jnp.ones(128)
+    spec = pejit(f, constant_argnums=0).specialize((a, b), x)
+    assert [c.shape for c in spec.consts] == [b.shape, a.shape]  # the constants themselves, nothing stacked
+    assert spec.report.folded_eqns == 0 and spec.report.unfolded
+    assert spec.program.stats.staged["scan (known part too small to split)"] == 1
+    with f32_products():
+        np.testing.assert_allclose(pejit(f, constant_argnums=0)((a, b), x), jax.jit(f)((a, b), x), rtol=1e-6)
+
+
+def test_counter_work_is_split_however_the_invariant_work_went():
+    """What differs from trip to trip on a known counter still folds, a library call each trip."""
+    def f(a, x):
+        return lax.fori_loop(0, 4, lambda i, v: jnp.linalg.solve(a + i, v) + jnp.sum(jnp.sin(a)), x)
+
+    a = SMALL + 4 * jnp.eye(4)
+    spec = pejit(f, constant_argnums=0).specialize(a, jnp.ones(4))
+    names = set(_body_names(spec.residual))
+    assert not {"lu", "getrf"} & names and "triangular_solve" in names  # factorized per trip, now; solved per call
+    with f32_products():
+        np.testing.assert_allclose(pejit(f, constant_argnums=0)(a, jnp.ones(4)), jax.jit(f)(a, jnp.ones(4)),
+                                   rtol=1e-5)
+
+
 # -- the folded constants compiled in ----------------------------------------------
 @pytest.mark.parametrize("shape, compiled_in", [((64, 64), True), ((1024, 512), False)], ids=["small", "large"])
 def test_small_folded_constants_are_compiled_in(shape, compiled_in):
