@@ -64,26 +64,3 @@ def test_scan_parameters_round_trip_in_this_jax():
     assert float(outs[0]) == float(ref[0])
     assert outs[1].tolist() == ref[1].tolist()
 
-
-def test_a_hi_primitive_evaluated_eagerly_compiles_one_program():
-    """JAX 0.12's ``jnp.nonzero(..., size=n)`` is a ``call_hi_primitive``: bound eagerly,
-    its lowering runs op by op (18 compiles the first time); folded, one program."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    from ._util import Compiles
-
-    mask = np.array([True, False, True, True, False, True])
-    eqns = jax.make_jaxpr(lambda m: jnp.nonzero(m, size=3))(mask).jaxpr.eqns
-    if [e.primitive.name for e in eqns] != ["call_hi_primitive"]:
-        pytest.skip(f"jnp.nonzero is not a hi primitive in JAX {jax.__version__}")
-    (eqn,) = eqns
-    with Compiles() as compiles:
-        (got,) = _compat.evaluate(eqn.primitive, [mask], eqn.params)
-    assert compiles.count == 1
-    np.testing.assert_array_equal(got, np.nonzero(mask)[0][:3])
-    with Compiles() as compiles:  # another instance of the same kind and types: compiled
-        (again,) = _compat.evaluate(eqn.primitive, [~mask], jax.make_jaxpr(
-            lambda m: jnp.nonzero(m, size=3))(mask).jaxpr.eqns[0].params)
-    assert compiles.count == 0
-    np.testing.assert_array_equal(again, [1, 4, 0])

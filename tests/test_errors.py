@@ -401,7 +401,7 @@ def test_nothing_folded_is_quiet_when_there_is_nothing_to_say(fun, const):
 
 
 def test_large_writable_numpy_constant_warns_once():
-    big = np.eye(512)  # 2 MiB of float64: hashed on every call
+    big = np.eye(512)  # 2 MiB of float64: read on every call
     p = pejit(lambda a, x: a[:2, :2] @ x, constant_argnums=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -412,7 +412,7 @@ def test_large_writable_numpy_constant_warns_once():
     assert (caught[0].filename, caught[0].lineno) == (__file__, line)
     assert str(caught[0].message) == (
         "pejit(<lambda>): a constant is a writable NumPy array of 2,097,152 bytes, so its contents are "
-        "hashed on every call (to notice mutation). Pass jnp.asarray(arr) instead, or make it read-only "
+        "read on every call (to notice mutation). Pass jnp.asarray(arr) instead, or make it read-only "
         "with arr.setflags(write=False): both are recognised by identity"
     )
 

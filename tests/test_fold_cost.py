@@ -19,7 +19,7 @@ from pejit import _compat
 from pejit._fold import _host
 from pejit._fold._staging import trace_staging
 
-from ._util import cpu_devices, cpu_only, with_f32_products
+from ._util import Compiles, cpu_devices, cpu_only, with_f32_products
 
 
 def many_constants(a, x, k):
@@ -324,3 +324,32 @@ def test_jacfwd_does_not_evaluate_its_jacobian_mid_trace():
     report = f.specialize(xi, H).report
     assert [b.batch for b in report.batches] == [0] * len(report.batches)
     np.testing.assert_allclose(f(xi, H), jax.jit(step)(xi, H), rtol=1e-4, atol=1e-5)
+
+
+def test_a_hi_primitive_folded_eagerly_compiles_one_program():
+    """JAX 0.12's ``jnp.nonzero(..., size=n)`` is a ``call_hi_primitive``: bound eagerly,
+    its lowering runs op by op (18 compiles the first time); folded, one program."""
+    from pejit._fold import _abstract
+
+    mask = np.array([True, False, True, True, False, True])
+    eqns = jax.make_jaxpr(lambda m: jnp.nonzero(m, size=3))(mask).jaxpr.eqns
+    if [e.primitive.name for e in eqns] != ["call_hi_primitive"]:
+        pytest.skip(f"jnp.nonzero is not a hi primitive in JAX {jax.__version__}")
+    (eqn,) = eqns
+    with Compiles() as compiles:
+        (got,) = _abstract.evaluate(eqn.primitive, [mask], eqn.params)
+    assert compiles.count == 1
+    np.testing.assert_array_equal(got, np.nonzero(mask)[0][:3])
+    (another,) = jax.make_jaxpr(lambda m: jnp.nonzero(m, size=3))(mask).jaxpr.eqns
+    with Compiles() as compiles:  # another instance of the same kind and types: compiled already
+        (again,) = _abstract.evaluate(another.primitive, [~mask], another.params)
+    assert compiles.count == 0
+    np.testing.assert_array_equal(again, [1, 4, 0])
+
+    def f(m, x):
+        return x[jnp.nonzero(m, size=3)[0]] * 2.0
+
+    x = jnp.arange(6.0)
+    spec = pejit(f, constant_argnums=0).specialize(mask, x)
+    assert "call_hi_primitive" not in {e.primitive.name for e in spec.residual.jaxpr.eqns}
+    np.testing.assert_array_equal(pejit(f, constant_argnums=0)(mask, x), jax.jit(f)(mask, x))

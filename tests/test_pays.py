@@ -129,7 +129,8 @@ def test_a_scan_is_not_split_to_stack_loop_invariant_work_hoisting_declined():
     assert spec.report.folded_eqns == 0 and spec.report.unfolded
     assert spec.program.stats.staged["scan (known part too small to split)"] == 1
     with f32_products():
-        np.testing.assert_allclose(pejit(f, constant_argnums=0)((a, b), x), jax.jit(f)((a, b), x), rtol=1e-6)
+        np.testing.assert_allclose(pejit(f, constant_argnums=0)((a, b), x), jax.jit(f)((a, b), x), rtol=1e-5,
+                                   atol=1e-6)
 
 
 def test_counter_work_is_split_however_the_invariant_work_went():

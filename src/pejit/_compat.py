@@ -62,9 +62,6 @@ Internals used, why no public API does the job, and where versions differ:
   NumPy values become JAX values, as ``jax.jit`` makes them.
 * ``array.ArrayImpl``: the concrete type of ``jax.Array``; the call hot path
   compares ``type(x) is ArrayImpl``, much cheaper than ``isinstance``.
-* ``call_hi_primitive`` (0.12's "hijax" primitives, ``jnp.nonzero(size=n)``
-  among them): bound eagerly, its lowering runs op by op, each operation
-  compiled alone; :func:`evaluate` binds it inside one ``jax.jit``.
 * ``mlir._lowerings``: whether a known sub-program can be compiled at all
   (primitives with only an ``impl`` must run op by op).
 * ``api_util.check_callable`` and ``util.fun_name``: what ``jax.jit`` accepts
@@ -105,7 +102,6 @@ JAX 0.6 is out of reach: its ``DynamicJaxprTracer`` does not carry the
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -500,23 +496,7 @@ def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
     has no eager rule in JAX 0.7).
     """
     with _config.eager_constant_folding(False):
-        if trace is None and prim.name in _COMPILED_WHOLE:
-            with core.set_current_trace(core.eval_trace):  # not staged into the trace that folds
-                return _compiled_whole(prim, *args, **params)
         return _bind(prim, core.eval_trace if trace is None else trace, tuple(args), params)
-
-
-#: Primitives whose eager evaluation runs their lowering op by op: JAX 0.12's
-#: ``jnp.nonzero(..., size=n)`` is a ``call_hi_primitive``, 18 compiles of a
-#: dozen operations the first time (0.6 s of the MJX humanoid's fold), one
-#: compile of a program for them together.
-_COMPILED_WHOLE = frozenset(["call_hi_primitive"])
-
-
-@functools.partial(jax.jit, static_argnums=0, static_argnames="_prim")
-def _compiled_whole(prim, *args, _prim):
-    # its parameter (a ``HiPrim``) hashes and compares by value: one compile per kind and types
-    return prim.bind(*args, _prim=_prim)
 
 
 def at_top_level():

@@ -69,10 +69,11 @@ class RespecializingWarning(PejitWarning):
 
 
 class WritableConstantWarning(PejitWarning):
-    """A large writable NumPy constant is hashed on every call.
+    """A large writable NumPy constant is read whole on every call.
 
-    pejit must notice when a NumPy constant is mutated, so it hashes the
-    contents of a writable one on every call. A `jax.Array`
+    pejit must notice when a NumPy constant is mutated, so it compares the
+    contents of a writable one on every call (with a copy it holds; above
+    16 MiB, by their digest). A `jax.Array`
     (`jnp.asarray(arr)`) or a read-only array (`arr.setflags(write=False)`)
     is recognised by identity instead. Issued once per function.
     """
@@ -220,7 +221,7 @@ def check_constants(name: str, leaves: list, warned: set) -> None:
             warned.add("writable")
             warn(
                 f"pejit({name}): a constant is a writable NumPy array of {leaf.nbytes:,} bytes, "
-                f"so its contents are hashed on every call (to notice mutation). Pass "
+                f"so its contents are read on every call (to notice mutation). Pass "
                 f"jnp.asarray(arr) instead, or make it read-only with arr.setflags(write=False): "
                 f"both are recognised by identity",
                 WritableConstantWarning,

@@ -13,8 +13,11 @@ folding layer asks it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import jax
 
 from .. import _compat
 
@@ -46,4 +49,21 @@ def outer_trace(values: Iterable[Any]):
 def evaluate(prim, args: Sequence[Any], params: dict, outer=None) -> Any:
     """Fold ``prim`` on known ``args``: evaluate it now, or stage it into the
     outer program of abstract constants (``outer``, or that of ``args``)."""
-    return _compat.evaluate(prim, args, params, outer or outer_trace(args))
+    outer = outer or outer_trace(args)
+    if outer is None and prim.name in COMPILED_WHOLE:
+        with _compat.at_top_level():  # evaluated, not staged into the trace that folds
+            return _compiled_whole(prim, *args, **params)
+    return _compat.evaluate(prim, args, params, outer)
+
+
+#: Primitives whose eager evaluation runs their lowering op by op, each
+#: operation compiled alone: JAX 0.12's "hijax" primitives, ``jnp.nonzero(...,
+#: size=n)`` among them (18 compiles the first time, 0.6 s of the MJX humanoid's
+#: fold). Evaluated as one compiled program instead.
+COMPILED_WHOLE = frozenset(["call_hi_primitive"])
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames="_prim")
+def _compiled_whole(prim, *args, _prim):
+    # its parameter (a ``HiPrim``) hashes and compares by value: one compile per kind and types
+    return prim.bind(*args, _prim=_prim)
