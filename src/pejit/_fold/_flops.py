@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from ._primitives import ELEMENTWISE
+from ._primitives import ELEMENTWISE, subjaxprs
 
 #: ``rule(eqn) -> float``: estimated FLOPs of one equation.
 FlopRule = Callable[[Any], float]
@@ -225,7 +225,7 @@ def _library_calls(eqn) -> float:
         return eqn.params["length"] * _jaxpr_library_calls(eqn.params["jaxpr"])
     if eqn.primitive is P.cond_p:
         return max(_jaxpr_library_calls(b) for b in eqn.params["branches"])
-    return sum(_jaxpr_library_calls(sub) for sub in _subjaxprs(eqn.params))
+    return sum(_jaxpr_library_calls(sub) for sub in subjaxprs(eqn.params))
 
 
 def _jaxpr_library_calls(jaxpr) -> float:
@@ -238,10 +238,3 @@ def _jaxpr_library_calls(jaxpr) -> float:
 
 #: Library calls by jaxpr (as ``_jaxpr_flops``).
 _library_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _subjaxprs(params: dict):
-    for v in params.values():
-        for sub in v if isinstance(v, (tuple, list)) else (v,):
-            if isinstance(sub, (_compat.Jaxpr, _compat.ClosedJaxpr)):
-                yield sub

@@ -17,11 +17,12 @@ operations on integers, which wrap on overflow in NumPy's array loops as
 in XLA (``jnp.eye`` adds an offset to an ``iota``: a 40 ms compile of an
 ``add`` in ``jacfwd``), and their remainder but by 0 and -1; and a matrix
 product with an identity matrix (``jacfwd``'s basis pushed through
-``H @ xi``), which only moves the other operand, or with zeros. Not division (XLA divides by a broadcast scalar
-through its reciprocal; NumPy's integer division by zero is not XLA's),
-transcendental functions, other contractions or reductions, whose XLA
-kernels round differently. (XLA on a CPU flushes subnormal floats to
-zero; an operation that produces one is the only difference left.)
+``H @ xi``), which only moves the other operand, or with zeros. Not
+division (XLA divides by a broadcast scalar through its reciprocal;
+NumPy's integer division by zero is not XLA's), transcendental functions,
+other contractions or reductions, whose XLA kernels round differently.
+(XLA on a CPU flushes subnormal floats to zero; an operation that produces
+one is the only difference left.)
 
 :func:`evaluate` returns ``None`` whenever a rule does not apply (another
 backend, several devices, an unsupported dtype), and the caller binds the

@@ -100,6 +100,14 @@ def custom_calls(jaxpr) -> int:
     return n
 
 
+def subjaxprs(params: dict):
+    """The jaxprs among an equation's ``params`` (a loop's body, a cond's branches, a call's body)."""
+    for v in params.values():
+        for sub in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(sub, (Jaxpr, ClosedJaxpr)):
+                yield sub
+
+
 def called_jaxpr(prim, params: dict):
     """The (open) jaxpr a call-like primitive of :data:`CALLS` runs; None for others."""
     return call_body(params)[0] if prim.name in CALLS else None

@@ -33,13 +33,13 @@ from collections.abc import Sequence
 from itertools import compress
 from typing import Any
 
-from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.core import ClosedJaxpr
 
 from ... import _compat
 from ..._fold._batch import nbytes
 from ..._fold._flops import eqn_cost, jaxpr_cost
 from ..._fold._folding import Folder, NeedsValue
-from ..._fold._primitives import custom_calls
+from ..._fold._primitives import custom_calls, subjaxprs
 from ._hoist import hoist_consts
 
 
@@ -176,7 +176,7 @@ def _known_varying_cost(jaxpr, const_uk: list[bool], carry_uk: list[bool], xs_uk
         for eqn in jaxpr.eqns:
             reads = [v for v in eqn.invars if isinstance(v, _compat.Var)]
             if any(v in unknown for v in reads):
-                if any(v in varying for v in reads) and any(_subjaxprs(eqn.params)):
+                if any(v in varying for v in reads) and any(subjaxprs(eqn.params)):
                     return None
                 unknown.update(eqn.outvars)
             elif any(v in varying for v in reads):
@@ -187,11 +187,6 @@ def _known_varying_cost(jaxpr, const_uk: list[bool], carry_uk: list[bool], xs_uk
             return cost
         carry_uk = [a or b for a, b in zip(carry_uk, out_uk)]
     return cost
-
-
-def _subjaxprs(params: dict):
-    for v in params.values():
-        yield from (sub for sub in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(sub, (Jaxpr, ClosedJaxpr)))
 
 
 def fold_while(folder: Folder, trace, prim, args, params):
