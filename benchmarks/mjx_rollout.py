@@ -56,13 +56,12 @@ def setup(model: str):
     return rollout, mx, dx
 
 
-def calls(model: str) -> dict:
-    """The three variants of ``model``'s rollout, each a zero-argument call."""
+def calls(rollout, mx, dx) -> dict:
+    """The three variants of a rollout (what :func:`setup` returns), each a zero-argument call."""
     import jax
 
     from pejit import pejit
 
-    rollout, mx, dx = setup(model)
     f = pejit(rollout, constant_argnums=0)
     jitted = jax.jit(rollout)
     closed = jax.jit(lambda dx: rollout(mx, dx))
@@ -99,7 +98,7 @@ def first_call(model: str, variant: str) -> None:
     """In a fresh process: print the first call's seconds as JSON."""
     import jax
 
-    fn = calls(model)[variant]
+    fn = calls(*setup(model))[variant]
     start = time.perf_counter()
     jax.block_until_ready(fn())
     print(json.dumps({"seconds": time.perf_counter() - start}))
@@ -111,8 +110,8 @@ def per_call(model: str, rounds: int) -> dict:
     from pejit import pejit
     from pejit.bench._common import paired
 
-    fns = calls(model)
     rollout, mx, dx = setup(model)
+    fns = calls(rollout, mx, dx)
     f, frozen = pejit(rollout, constant_argnums=0), read_only(mx)
     fns[READ_ONLY] = lambda: f(frozen, dx)
     outs = {k: np.asarray(fn()) for k, fn in fns.items()}

@@ -23,6 +23,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from .. import _compat
+from .._fold._primitives import subjaxprs
 
 
 class PejitWarning(UserWarning):
@@ -262,12 +263,11 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
 def _holds_constants(jaxpr) -> bool:
     """Whether a sub-jaxpr of ``jaxpr`` (a loop body, a branch, a call) closes over constants."""
     for eqn in jaxpr.eqns:
-        for v in eqn.params.values():
-            for sub in v if isinstance(v, (tuple, list)) else (v,):
-                if isinstance(sub, ClosedJaxpr) and (sub.consts or _holds_constants(sub.jaxpr)):
-                    return True
-                if isinstance(sub, Jaxpr) and _holds_constants(sub):
-                    return True
+        for sub in subjaxprs(eqn.params):
+            if isinstance(sub, ClosedJaxpr) and (sub.consts or _holds_constants(sub.jaxpr)):
+                return True
+            if isinstance(sub, Jaxpr) and _holds_constants(sub):
+                return True
     return False
 
 

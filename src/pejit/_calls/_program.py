@@ -19,13 +19,13 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
+from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
 from .._fold import _batch, _flops, _offload
 from ._keys import OtherSignature
 from .._fold._stats import FoldStats
-from .._fold._primitives import CUSTOM_CALLS
+from .._fold._primitives import CUSTOM_CALLS, subjaxprs
 from .._reports._report import FoldReport
 from .._residual._partial_eval import Residual, SharePlan
 
@@ -303,10 +303,7 @@ def _tracers_of(trace_ref: weakref.ref) -> bool:
 def _closing_custom_call(jaxpr) -> str | None:
     """The name of a custom call in ``jaxpr`` (or in its sub-jaxprs) with closed-over inputs."""
     for eqn in jaxpr.eqns:
-        subs = [
-            getattr(sub, "jaxpr", sub) for v in eqn.params.values()
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(sub, (Jaxpr, ClosedJaxpr))
-        ]
+        subs = [getattr(sub, "jaxpr", sub) for sub in subjaxprs(eqn.params)]
         if eqn.primitive.name in CUSTOM_CALLS and eqn.params.get("num_consts", 0):
             return getattr(subs[0].debug_info, "func_name", eqn.primitive.name)
         for name in map(_closing_custom_call, subs):

@@ -94,9 +94,7 @@ def custom_calls(jaxpr) -> int:
     n = 0
     for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
         n += eqn.primitive.name in CUSTOM_CALLS
-        for v in eqn.params.values():
-            n += sum(custom_calls(sub) for sub in (v if isinstance(v, (tuple, list)) else (v,))
-                     if isinstance(sub, (Jaxpr, ClosedJaxpr)))
+        n += sum(map(custom_calls, subjaxprs(eqn.params)))
     return n
 
 
