@@ -11,9 +11,12 @@ process, in rounds whose order alternates. Per program:
   every pass, without pejit's dispatch, which case 13 budgets);
 
 and the median over rounds of each one's time over the better ``jax.jit``
-variant's in the same round. Prints a table of every program's ratios, then the
-worst and the median of each (targets: the program, worst <= 1.05x, median
-<= 1.02x).
+variant's in the same round. A program with a ratio over 1.05 is measured
+again, with three times the rounds, right after: on a 2-core machine the
+median of 15 rounds of a 10-20 us program moved by up to 25%, and a real loss
+shows twice (the table keeps both figures; the summary gives the worst of
+each pass). Prints a table of every program's ratios, then the worst and the
+median of each (targets: the program, worst <= 1.05x, median <= 1.02x).
 
 Run: ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python benchmarks/no_regret.py [--quick] [--out FILE]``
 (``--quick``: every fifth corpus program).
@@ -42,6 +45,7 @@ from pejit.bench import programs as P  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("jax.jit (args)", "jax.jit (closed)", "pejit call", "pejit program")
+OVER = 1.05  # the worst allowed: a program over it is measured again
 
 
 def corpus(quick: bool):
@@ -149,33 +153,41 @@ def measure(fns: dict, rounds: int) -> dict[str, float]:
         "us": statistics.median(best) * 1e6}
 
 
+def _ratio(first: dict, again: dict | None, k: str) -> str:
+    return f"{first[k]:.3f}" if again is None else f"{first[k]:.3f} -> {again[k]:.3f}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out", default=None, help="write the table here too (markdown)")
     args = parser.parse_args(argv)
-    rows = []
+    rows = []  # (name, first pass, the confirming pass or None)
     sources = [corpus(args.quick), bench_programs(), loops(), mjx_rollout()]
     for name, fun, fargs, nums in (p for source in sources for p in source):
         try:
-            r = measure(variants(fun, fargs, nums), args.rounds)
+            fns = variants(fun, fargs, nums)
+            first = measure(fns, args.rounds)
+            again = measure(fns, 3 * args.rounds) if any(first[k] > OVER for k in VARIANTS[2:]) else None
         except Exception as e:  # noqa: BLE001 - report it, go on
             print(f"{name}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
             continue
-        rows.append((name, r))
-        print(f"{name}: jax.jit {r['us']:.1f} us; " + ", ".join(f"{k} {r[k]:.3f}" for k in VARIANTS[2:]), flush=True)
+        rows.append((name, first, again))
+        print(f"{name}: jax.jit {first['us']:.1f} us; " + ", ".join(
+            f"{k} {_ratio(first, again, k)}" for k in VARIANTS[2:]), flush=True)
     lines = [f"jax {jax.__version__}, {jax.devices()[0].platform}; {len(rows)} programs; per call over the better "
-             "jax.jit variant (median of rounds)", "", "| program | jax.jit, better | " + " | ".join(VARIANTS) + " |",
-             "|---|---|" + "---|" * len(VARIANTS)]
-    lines += [f"| {n} | {r['us']:.1f} us | " + " | ".join(f"{r[k]:.3f}" for k in VARIANTS) + " |" for n, r in rows]
+             f"jax.jit variant (median of rounds; a -> b: over {OVER} at first, b with {3 * args.rounds} rounds)",
+             "", "| program | jax.jit, better | " + " | ".join(VARIANTS) + " |", "|---|---|" + "---|" * len(VARIANTS)]
+    lines += [f"| {n} | {r['us']:.1f} us | " + " | ".join(_ratio(r, a, k) for k in VARIANTS) + " |" for n, r, a in rows]
     lines.append("")
     for k in VARIANTS[2:]:
-        ratios = [r[k] for _, r in rows]
-        worst = max(rows, key=lambda nr: nr[1][k])
-        lines.append(f"{k}: median {statistics.median(ratios):.3f}, worst {worst[1][k]:.3f} ({worst[0]}), "
-                     f"over 1.05: {sum(x > 1.05 for x in ratios)} of {len(ratios)}")
-    print("\n".join(lines[-3:]))
+        for label, final in (("first pass", lambda r, a: r), ("confirmed", lambda r, a: a or r)):
+            ratios = [(final(r, a)[k], n) for n, r, a in rows]
+            worst, name = max(ratios)
+            lines.append(f"{k}, {label}: median {statistics.median(x for x, _ in ratios):.3f}, worst {worst:.3f} "
+                         f"({name}), over {OVER}: {sum(x > OVER for x, _ in ratios)} of {len(ratios)}")
+    print("\n".join(lines[-4:]))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0
