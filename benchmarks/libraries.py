@@ -52,6 +52,8 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_YNN_OFF}".strip(
 
 import timeit  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -77,13 +79,23 @@ def interleaved(fns: dict, number: int, rounds=5) -> dict:
     return best
 
 
+class Program(NamedTuple):
+    """One program of a case: ``fun(*args)`` with the arguments ``constant_argnums``
+    constant, and the jit its library documents (``None``: ``jax.jit``)."""
+
+    fun: Callable
+    args: tuple
+    constant_argnums: tuple
+    library_jit: Callable | None = None
+
+
 def check(got, want, rtol):
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=rtol)
 
 
 # -- the cases: each returns {variant: zero-argument call}, the baseline first -----
-def equinox_case():
+def equinox_programs() -> dict[str, Program]:
     import equinox as eqx
 
     class GP(eqx.Module):
@@ -103,12 +115,17 @@ def equinox_case():
     gp = GP(jnp.asarray(x), jnp.asarray(np.sin(x).sum(1)))
     xq = jnp.asarray(rng.uniform(-2, 2, (64, 3)).astype(np.float32))
     predict = lambda model, xq: model(xq)  # noqa: E731
-    fj, pj = eqx.filter_jit(predict), pejit(predict, constant_argnums=0)
+    return {"Equinox GP predictor, n=1000": Program(predict, (gp, xq), (0,), eqx.filter_jit)}
+
+
+def equinox_case():
+    (name, (predict, (gp, xq), _, filter_jit)), = equinox_programs().items()
+    fj, pj = filter_jit(predict), pejit(predict, constant_argnums=0)
     check(pj(gp, xq), fj(gp, xq), 1e-2)
-    return "Equinox GP predictor, n=1000", {"eqx.filter_jit": lambda: fj(gp, xq), "pejit": lambda: pj(gp, xq)}
+    return name, {"eqx.filter_jit": lambda: fj(gp, xq), "pejit": lambda: pj(gp, xq)}
 
 
-def flax_case():
+def flax_programs() -> dict[str, Program]:
     from flax import nnx
 
     class Orthogonal(nnx.Module):
@@ -133,6 +150,15 @@ def flax_case():
     x = jnp.asarray(rng.standard_normal((32, 256)).astype(np.float32))
     apply = lambda m, x: m(x)  # noqa: E731
     merged = lambda state, x: nnx.merge(graphdef, state)(x)  # noqa: E731
+    return {"Flax NNX orthogonal MLP, 3x256 (module)": Program(apply, (model, x), (0,), nnx.jit),
+            "Flax NNX orthogonal MLP, 3x256 (state)": Program(merged, (state, x), (0,), None)}
+
+
+def flax_case():
+    from flax import nnx
+
+    module, split = flax_programs().values()
+    (apply, (model, x), _, _), (merged, (state, _), _, _) = module, split
     nj = nnx.jit(apply)
     pm, ps = pejit(apply, constant_argnums=0), pejit(merged, constant_argnums=0)
     check(pm(model, x), nj(model, x), 1e-4)
@@ -144,7 +170,7 @@ def flax_case():
     }
 
 
-def lineax_case():
+def lineax_programs() -> dict[str, Program]:
     import lineax as lx
 
     n = 1000
@@ -154,12 +180,17 @@ def lineax_case():
     def solve(a, b):
         return lx.linear_solve(lx.MatrixLinearOperator(a), b, solver=lx.LU()).value
 
+    return {"lineax LU solve, n=1000": Program(solve, (a, b), (0,))}
+
+
+def lineax_case():
+    (name, (solve, (a, b), _, _)), = lineax_programs().items()
     jj, pj = jax.jit(solve), pejit(solve, constant_argnums=0)
     check(pj(a, b), jj(a, b), 1e-3)
-    return "lineax LU solve, n=1000", {"jax.jit": lambda: jj(a, b), "pejit": lambda: pj(a, b)}
+    return name, {"jax.jit": lambda: jj(a, b), "pejit": lambda: pj(a, b)}
 
 
-def optimistix_case():
+def optimistix_programs() -> dict[str, Program]:
     import optimistix as optx
 
     # Generalized least squares: fit a * exp(-k t) + c to new data y on every
@@ -192,6 +223,13 @@ def optimistix_case():
         solver = optx.LevenbergMarquardt(rtol=1e-6, atol=1e-6)
         return optx.least_squares(fn, solver, jnp.ones(3), args=y, max_steps=64).value
 
+    return {"optimistix GLS fit, n=500": Program(fit, ((cov, t), y), (0,)),
+            "optimistix GLS fit, n=500, whitening inside": Program(fit_inside, ((cov, t), y), (0,))}
+
+
+def optimistix_case():
+    outside, inside = optimistix_programs().values()
+    (fit, ((cov, t), y), _, _), fit_inside = outside, inside.fun
     jj, pj = jax.jit(fit), pejit(fit, constant_argnums=0)
     ji, pi = jax.jit(fit_inside), pejit(fit_inside, constant_argnums=0)
     check(pj((cov, t), y), jj((cov, t), y), 1e-3)
@@ -202,7 +240,7 @@ def optimistix_case():
     ]
 
 
-def diffrax_case():
+def diffrax_programs() -> dict[str, Program]:
     import diffrax
 
     # y' = -M^-1 K y (mass matrix M, stiffness K of a 1-D mesh, 400 nodes):
@@ -229,6 +267,13 @@ def diffrax_case():
         sol = diffrax.diffeqsolve(diffrax.ODETerm(field), diffrax.Tsit5(), 0.0, 1.0, 0.05, y0, args=mk)
         return sol.ys[-1]
 
+    return {"diffrax y' = -M^-1 K y, n=400": Program(solve, ((m, k), y0), (0,)),
+            "diffrax y' = -M^-1 K y, n=400, solve inside the field": Program(solve_inside, ((m, k), y0), (0,))}
+
+
+def diffrax_case():
+    outside, inside = diffrax_programs().values()
+    (solve, ((m, k), y0), _, _), solve_inside = outside, inside.fun
     jj, pj = jax.jit(solve), pejit(solve, constant_argnums=0)
     ji, pi = jax.jit(solve_inside), pejit(solve_inside, constant_argnums=0)
     check(pj((m, k), y0), jj((m, k), y0), 1e-3)
@@ -255,11 +300,30 @@ def _mesh(n):
     return jnp.asarray((4 * eye(0) + eye(1) + eye(-1)) / 6), jnp.asarray((2 * eye(0) - eye(1) - eye(-1)) * 0.1)
 
 
-def _against(name: str, f, constants: tuple, by_hand, folded, arg, rtol: float) -> tuple[str, dict]:
-    """``name`` and its three variants: ``f`` under ``jax.jit`` and pejit (``constants``
-    folded), and ``by_hand`` on the ``folded`` values, checked against ``jax.jit``."""
+class Custom(NamedTuple):
+    """A case of issue 47: ``f(*constants, arg)``, and ``by_hand(fold(), arg)``, the
+    constant work done once by hand (``fold`` is called when measuring, not before:
+    a first call must find nothing compiled)."""
+
+    name: str
+    f: Callable
+    constants: tuple
+    by_hand: Callable
+    fold: Callable
+    arg: object
+    rtol: float
+
+    def program(self) -> Program:
+        return Program(self.f, (*self.constants, self.arg), tuple(range(len(self.constants))))
+
+
+def _against(case: Custom) -> tuple[str, dict]:
+    """A case's name and its three variants: ``f`` under ``jax.jit`` and pejit
+    (``constants`` folded), and ``by_hand`` on the folded values, checked against ``jax.jit``."""
+    name, f, constants, by_hand, fold, arg, rtol = case
     nums = tuple(range(len(constants)))
     jj, pj, hj = jax.jit(f), pejit(f, constant_argnums=nums), jax.jit(by_hand)
+    folded = fold()
     want = jj(*constants, arg)
     check(pj(*constants, arg), want, rtol)
     check(hj(folded, arg), want, rtol)
@@ -281,7 +345,8 @@ def diffrax_custom_case():
         term = diffrax.ODETerm(lambda t, y, a: -(a @ y))
         return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0., 1., 0.05, y0, args=a).ys
 
-    return _against("diffrax, solve(M, K @ y) in the field", ode, (M, K), by_hand, jnp.linalg.solve(M, K), y0, 1e-4)
+    return Custom("diffrax, solve(M, K @ y) in the field", ode, (M, K), by_hand, lambda: jnp.linalg.solve(M, K), y0,
+                  1e-4)
 
 
 def optimistix_custom_case():
@@ -300,7 +365,7 @@ def optimistix_custom_case():
         fn = lambda y, b: Binv @ (y + 0.1 * y ** 3) - b  # noqa: E731
         return optx.root_find(fn, solver, jnp.zeros(n), args=b, max_steps=32).value
 
-    return _against("optimistix Newton, inv(B) in fn", root, (B,), by_hand, jnp.linalg.inv(B), b, 1e-3)
+    return Custom("optimistix Newton, inv(B) in fn", root, (B,), by_hand, lambda: jnp.linalg.inv(B), b, 1e-3)
 
 
 def equinox_custom_case():
@@ -329,24 +394,35 @@ def equinox_custom_case():
     solve, solve_by_hand = make(jax.scipy.linalg.lu_factor), make(lambda lu: lu)
     f = lambda A, x: solve(x, A)  # noqa: E731
     by_hand = lambda lu, x: solve_by_hand(x, lu)  # noqa: E731
-    return _against("Equinox filter_custom_vjp solve", f, (A,), by_hand, jax.scipy.linalg.lu_factor(A), x, 1e-3)
+    return Custom("Equinox filter_custom_vjp solve", f, (A,), by_hand, lambda: jax.scipy.linalg.lu_factor(A), x, 1e-3)
 
 
 def custom_main():
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}; ms per call, median of 7 interleaved rounds")
     print(f"{'case':<40}{'variant':<14}{'ms':>9}{'jit/this':>10}{'this/hand':>11}")
-    for case in (diffrax_custom_case, optimistix_custom_case, equinox_custom_case):
-        name, fns = case()
+    for case in CUSTOM:
+        name, fns = _against(case())
         t = median_ms(fns, number=max(3, int(0.2 / max(1e-4, best_ms(fns["jax.jit"], 1) / 1e3))))
         for variant, ms in t.items():
             print(f"{name:<40}{variant:<14}{ms:9.3f}{t['jax.jit'] / ms:9.2f}x{ms / t['hand-folded']:10.2f}x",
                   flush=True)
 
 
+CUSTOM = (diffrax_custom_case, optimistix_custom_case, equinox_custom_case)
+CASES = (equinox_case, flax_case, lineax_case, optimistix_case, diffrax_case)
+#: What builds every program of this file, by library: ``benchmarks/first_call.py`` runs them one by one.
+PROGRAMS = (equinox_programs, flax_programs, lineax_programs, optimistix_programs, diffrax_programs, custom_programs)
+
+
+def custom_programs() -> dict[str, Program]:
+    """The programs of the cases of issue 47 (``--custom``), by name."""
+    return {case.name: case.program() for case in (make() for make in CUSTOM)}
+
+
 def main():
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}; ms per call, best of interleaved runs")
     print(f"{'case':<36}{'variant':<24}{'ms':>9}{'ratio':>9}")
-    for case in (equinox_case, flax_case, lineax_case, optimistix_case, diffrax_case):
+    for case in CASES:
         try:
             groups = case()
         except Exception as e:  # noqa: BLE001 - report and go on to the next library

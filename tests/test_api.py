@@ -128,6 +128,7 @@ def test_python_scalars_and_static_leaves_by_value():
     assert counted.calls == 3
 
 
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # basis @ xi + x folds nothing
 def test_constant_argnames_and_decorator_factory():
     counted = Counter(lambda x, xi, *, basis: basis @ xi + x)
 

@@ -376,17 +376,19 @@ def test_the_estimate_maps_keyword_arguments_by_name():
     assert f.cache_info().misses == 1
 
 def test_a_small_fold_is_promoted_as_one_compiled_program():
-    from pejit._reports._estimates import fold_plan
+    from pejit._fold import _cost, _known
 
-    closed = jax.make_jaxpr(loss)(ws[0], data(0))
-    assert fold_plan(closed, [1]) == "compiled"  # 9 distinct operations: one program beats nine
+    def one_program(fun) -> bool:  # what a promotion of X, argument 1, asks
+        return _cost.one_program_pays(_known.known_work(jax.make_jaxpr(fun)(ws[0], data(0)), [False, True]).folded)
+
+    assert one_program(loss)  # 9 distinct operations: one program beats nine
 
     def unrolled(w, X):  # many equations, few distinct ones: op by op is cheaper
         for _ in range(200):
             X = jnp.sin(X)
         return jnp.sum(X @ w)
 
-    assert fold_plan(jax.make_jaxpr(unrolled)(ws[0], data(0)), [1]) == "auto"
+    assert not one_program(unrolled)
 
     X = data(3, n=40, m=30)
     w = [jnp.full(30, float(i)) for i in range(4)]

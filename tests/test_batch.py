@@ -11,7 +11,7 @@ import pytest
 from jax.extend.core import Primitive
 
 from pejit import FoldOptions, pe, pejit
-from pejit._fold import _batch, _compiled
+from pejit._fold import _batch, _compiled, _cost
 from pejit._fold._folding import Folder
 from pejit._fold._staging import trace_staging
 from ._util import cpu_devices, cpu_only, requires_jax, with_f32_products
@@ -283,9 +283,9 @@ def test_one_program_pays_for_many_distinct_operations_only():
     X, w = jnp.ones((20, 4)), jnp.ones(4)
     ridge = jax.make_jaxpr(lambda X: _ridge(X, w))(X).jaxpr
     chain = jax.make_jaxpr(lambda a: _chain(a, w))(X[:4]).jaxpr
-    assert _batch.one_program_pays(ridge.eqns)  # transpose, dot, iota, ..., cholesky: a compile each
-    assert not _batch.one_program_pays(chain.eqns)  # 120 equations of two kinds
-    assert not _batch.one_program_pays(ridge.eqns[:1])
+    assert _cost.one_program_pays(ridge.eqns)  # transpose, dot, iota, ..., cholesky: a compile each
+    assert not _cost.one_program_pays(chain.eqns)  # 120 equations of two kinds
+    assert not _cost.one_program_pays(ridge.eqns[:1])
 
 
 @pytest.mark.parametrize("fun, compiled", [(_ridge, True), (_chain, False)], ids=["ridge", "chain"])

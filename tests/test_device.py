@@ -81,11 +81,13 @@ def test_without_a_host_build_an_accelerator_keeps_the_region():
 def test_an_accelerator_weighs_fusion_by_its_memory():
     # device memory is fast: a batch's elementwise runs are worth compiling on a CPU
     # (host traffic) sooner than on a GPU
-    from pejit._fold import _batch
+    from pejit._fold import _cost
 
     big = 256 * 2**20  # bytes an intermediate writes and reads back
-    assert _batch._pays(3, big, 1, _device.CPU.bandwidth)
-    assert not _batch._pays(3, big, 1, _device.GPU.bandwidth)
+    with _device.using(_device.CPU):
+        assert _cost.run_compiles(3, big, 1)
+    with _device.using(_device.GPU):
+        assert not _cost.run_compiles(3, big, 1)
 
 
 def test_several_cpu_devices_collapse_as_one_does():

@@ -80,6 +80,7 @@ def test_disable_jit_runs_python_on_every_call(jit):
     assert len(runs) == 3  # traced once, then cached
 
 
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # a * x folds nothing
 def test_disable_jit_with_constants_runs_the_function_unfolded():
     seen = []
 

@@ -219,9 +219,9 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
             compiled_on.append(threading.current_thread().name)
         return compile_(self, *args, **kwargs)
 
-    def evaluate_watched(prim, args, params):
+    def evaluate_watched(prim, args, params, *outer):
         evaluated.append(str(params.get("jaxpr", prim.name)))  # a call: its body
-        return evaluate(prim, args, params)
+        return evaluate(prim, args, params, *outer)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
     monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
@@ -236,9 +236,15 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
     A = np.random.default_rng(0).standard_normal((17, 23)).astype(np.float32)
     x = np.float32(1.0)
     out = pejit(f, constant_argnums=0)(A, x) if form == "pejit" else pe(A, x, constant_arg_nums=[0])(f)(x)
-    np.testing.assert_array_equal(out, f(jnp.asarray(A), x))  # JAX's eager values, bit for bit
-    assert compiled_on == ["pejit-kernels_0"] * 2  # sin and cos, each once, on the worker
-    assert not [e for e in evaluated if "sin" in e or "cos" in e]  # not compiled again by JAX's eager dispatch
+    if form == "pejit":
+        # a folding program's first value of few equations of four kinds is one compiled
+        # program (_cost.one_program_pays), known before its trace: no kernel warms for it
+        np.testing.assert_allclose(out, f(jnp.asarray(A), x), rtol=1e-6)
+        assert compiled_on == ["MainThread"]
+    else:
+        np.testing.assert_array_equal(out, f(jnp.asarray(A), x))  # JAX's eager values, bit for bit
+        assert compiled_on == ["pejit-kernels_0"] * 2  # sin and cos, each once, on the worker
+        assert not [e for e in evaluated if "sin" in e or "cos" in e]  # not compiled again by JAX's eager dispatch
 
 
 @two_cores

@@ -53,7 +53,7 @@ def test_cheap_known_work_stays_in_a_loop_body():
         np.testing.assert_array_equal(f(a, x), jax.jit(lambda x: cheap_in_loop(a, x))(x))
     residual = f.specialize(a, x).residual
     assert "sin" in _body_names(residual)  # kept: carrying it in as a constant would not pay
-    assert any(u.nested for u in residual.report.unfolded) and not residual.report.hoisted
+    assert residual.report.unfolded and not residual.report.hoisted
     assert "stay in the program" in str(residual.report)
     everything = pejit(cheap_in_loop, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0))
     assert "sin" not in _body_names(everything.specialize(a, x).residual)  # min_gain 0: hoisted
@@ -79,12 +79,12 @@ def test_a_fold_that_saves_too_little_keeps_the_program():
     spec = pejit(f, constant_argnums=0).specialize(a, x)
     report = spec.report
     assert report.unfolded and not report.unfolded[0].nested
-    assert report.folded_eqns == 0 and "jit(_reduce_sum)" in report.residual
+    assert report.folded_eqns == 0 and any("reduce_sum" in name for name in report.residual)
     assert [c.shape for c in spec.consts] == [a.shape]  # the constant itself, as jax.jit's program reads it
     with f32_products():
         np.testing.assert_allclose(pejit(f, constant_argnums=0)(a, x), jax.jit(f)(a, x), rtol=1e-5, atol=1e-5)
     folded = pejit(f, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0)).specialize(a, x)
-    assert "jit(_reduce_sum)" not in folded.report.residual and not folded.report.unfolded
+    assert not any("reduce_sum" in name for name in folded.report.residual) and not folded.report.unfolded
 
 
 def test_work_without_a_lowering_folds_whatever_it_saves():
@@ -125,12 +125,18 @@ def test_a_scan_is_not_split_to_stack_loop_invariant_work_hoisting_declined():
 
     x = jnp.ones(128)
     spec = pejit(f, constant_argnums=0).specialize((a, b), x)
-    assert [c.shape for c in spec.consts] == [b.shape, a.shape]  # the constants themselves, nothing stacked
+    assert sorted(c.shape for c in spec.consts) == sorted([a.shape, b.shape])  # the constants themselves, nothing stacked
     assert spec.report.folded_eqns == 0 and spec.report.unfolded
-    assert spec.program.stats.staged["scan (known part too small to split)"] == 1
     with f32_products():
         np.testing.assert_allclose(pejit(f, constant_argnums=0)((a, b), x), jax.jit(f)((a, b), x), rtol=1e-5,
                                    atol=1e-6)
+
+    def g(consts, x):  # the same loop, where folding pays elsewhere: the split still declines
+        return f(consts, x) + jnp.linalg.inv(consts[1]) @ x
+
+    spec = pejit(g, constant_argnums=0).specialize((a, b), x)
+    assert spec.program.stats.staged["scan (known part too small to split)"] == 1
+    assert max(c.size for c in spec.consts) == b.size  # inv(b); nothing stacked
 
 
 def test_counter_work_is_split_however_the_invariant_work_went():

@@ -10,11 +10,13 @@ instead of asking which arguments are fixed:
   ``jax.Array``, or a NumPy array nobody can write) on ``auto_after``
   consecutive calls;
 * it then estimates, on the jaxpr, the FLOPs per call that folding that
-  argument would remove (:func:`~pejit._reports._estimates.removed_flops`) and promotes it to a constant
-  of a :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``;
-  a small fold is then evaluated by one compiled program rather than op by
-  op (:func:`~pejit._reports._estimates.fold_plan`: in a cold process each primitive would compile a
-  program of its own);
+  argument would remove (:func:`pejit._fold._known.known_work`, the fold's own
+  policy read off the jaxpr) and promotes it to a constant of a
+  :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``
+  (:func:`pejit._fold._cost.promotion_pays`); a small fold is then evaluated
+  by one compiled program rather than op by op
+  (:func:`pejit._fold._cost.one_program_pays`: in a cold process each
+  primitive would compile a program of its own);
 * calls whose promoted arguments are those same objects (an O(1) identity
   guard, through weak references) go to the ``Pejitted``; any other call
   goes to the generic program, never to a new fold. An argument that changes
@@ -45,19 +47,15 @@ import numpy as np
 
 from . import _compat
 from ._calls._cache import DEFAULT_CACHE_SIZE, CacheInfo
-from ._reports._estimates import fold_plan, removed_flops
+from ._fold import _cost, _known
 from ._fold._options import FoldOptions
 from ._jit import Pejitted
 from ._calls._keys import immutable
 from ._reports._report import FoldReport
 from ._calls._unfolded import explained
 
-#: The default ``auto_min_flops``: promotion costs one fold and one compile
-#: (tens of milliseconds here), and removing 2e6 FLOPs per call saves about
-#: 0.2 ms per call on this machine's CPU (measured, see docs/auto.md), so a
-#: promotion pays for itself within a few hundred calls; below that, the
-#: saving drowns in dispatch noise.
-DEFAULT_MIN_FLOPS = 2e6
+#: The default ``auto_min_flops`` (see :data:`pejit._fold._cost.PROMOTION_MIN_FLOPS`).
+DEFAULT_MIN_FLOPS = _cost.PROMOTION_MIN_FLOPS
 
 WATCHING, PROMOTED, DEMOTED, DYNAMIC = "watching", "promoted", "demoted", "kept dynamic"
 
@@ -274,7 +272,7 @@ class AutoPejitted:
         except Exception as e:  # noqa: BLE001 -- the generic call then raises jax.jit's error, if any
             self._decide(stable, DYNAMIC, f"could not trace it to estimate the saving: {type(e).__name__}: {e}")
             return
-        if gain < self._min_flops:
+        if not _cost.promotion_pays(gain, self._min_flops):
             self._decide(stable, DYNAMIC, f"folding it would remove {gain:.3g} FLOPs per call, "
                                           f"less than auto_min_flops={self._min_flops:.3g}")
             return
@@ -302,15 +300,13 @@ class AutoPejitted:
         return special
 
     def _one_compiled_fold(self, keys: tuple, args: tuple, kwargs: dict) -> bool:
-        """Whether to fold the promoted ``keys`` by one compiled program.
-
-        See :func:`~pejit._reports._estimates.fold_plan`.
-        """
+        """Whether to fold the promoted ``keys`` by one compiled program: a promotion
+        folds one value, usually in a process that has not evaluated these
+        primitives on these types before (:func:`pejit._fold._cost.one_program_pays`)."""
         try:
-            closed, ranges = self._traced(args, kwargs)
+            return _cost.one_program_pays(self._known_work(keys, args, kwargs).folded)
         except Exception:  # noqa: BLE001 -- _consider traced the same; keep the default fold
             return False
-        return fold_plan(closed, [j for key in keys for j in ranges.get(key, ())]) == "compiled"
 
     def _decide(self, keys, state: str, why: str) -> None:
         for k in keys:
@@ -321,8 +317,16 @@ class AutoPejitted:
 
     def _removed(self, keys: tuple, args: tuple, kwargs: dict) -> float:
         """Estimated FLOPs per call that folding the arguments ``keys`` removes."""
+        return self._known_work(keys, args, kwargs).saved.flops
+
+    def _known_work(self, keys: tuple, args: tuple, kwargs: dict) -> _known.KnownWork:
+        """What folding the arguments ``keys`` saves a call (:func:`pejit._fold._known.known_work`)."""
         closed, ranges = self._traced(args, kwargs)
-        return removed_flops(closed, [j for key in keys for j in ranges.get(key, ())])
+        known = {j for key in keys for j in ranges.get(key, ())}
+        options = self._pejit_kwargs["fold_options"] or FoldOptions()
+        return _known.known_work(closed, [i in known for i in range(len(closed.jaxpr.invars))],
+                                 lazy=options.rematerialize, ratio=options.expansion_ratio,
+                                 min_bytes=options.expansion_min_bytes)
 
     def _traced(self, args: tuple, kwargs: dict):
         """The function's jaxpr, every non-static argument abstract, and each argument's inputs in it.

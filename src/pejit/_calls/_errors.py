@@ -20,10 +20,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.core import ClosedJaxpr, Jaxpr, Var
 
 from .. import _compat
-from .._fold._primitives import subjaxprs
+from .._fold._primitives import CUSTOM_CALLS, subjaxprs
 
 
 class PejitWarning(UserWarning):
@@ -236,7 +236,8 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     Nothing folded when the residual program takes the constant arrays
     themselves, unchanged, no loop body or branch in it closes over a
     constant (JAX folds some work there itself), and no work on the
-    constants was folded, recomputed, kept for effects or resolved.
+    constants was folded, recomputed, kept for effects or resolved, and no
+    custom derivative rule (which a derivative folds) reads it.
     """
     if "nothing" in warned:
         return
@@ -244,6 +245,8 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     if not arrays or not spec.consts or any(id(c) not in arrays for c in spec.consts):
         return
     if _holds_constants(spec.program.jaxpr):  # folded into a loop body or branch
+        return
+    if _rules_read_constants(spec.program.jaxpr, spec.program.nconsts):  # a derivative may fold their work
         return
     report = spec.report
     if (report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches
@@ -258,6 +261,18 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
         f"between calls (constant_argnums/constant_argnames), or use jax.jit",
         NothingFoldedWarning,
     )
+
+
+def _rules_read_constants(jaxpr, nconsts: int) -> bool:
+    """Whether a custom derivative rule of ``jaxpr`` (open, its first ``nconsts`` inputs the
+    constants) reads a value computed from the constants."""
+    reads = set(jaxpr.invars[:nconsts])
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, Var) and v in reads for v in eqn.invars):
+            if eqn.primitive.name in CUSTOM_CALLS:
+                return True
+            reads.update(eqn.outvars)
+    return False
 
 
 def _holds_constants(jaxpr) -> bool:

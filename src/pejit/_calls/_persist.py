@@ -72,13 +72,13 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from .. import _compat
-from . import _jaxpr_json
+from . import _jaxpr_json, _look
 from ._errors import PejitWarning
 from .._fold._options import FoldOptions
 from .._fold._stats import FoldStats
 from ._keys import is_array
 from .._fold._primitives import CUSTOM_CALLS
-from ._program import Program, Specialization
+from ._program import PerValue, Program, Specialization
 from .._residual._partial_eval import specialize_jaxpr
 from .._fold._values import byte_view
 
@@ -431,11 +431,12 @@ def specialize(
     traced = memo.get(memo_key)
     first = traced is None  # of this structure
     if first:
-        traced = _trace(bind, const_leaves, const_tree, in_tree, avals)
+        traced = _look.trace(bind, const_leaves, const_tree, in_tree, avals)
         memo.put(memo_key, traced)
-    if not traced:
+    if isinstance(traced, PerValue):  # the trace needs constant values: no key
+        logger.debug("pejit: not cached across runs, %s", traced.reason)
         return fold()
-    closed, out_tree = traced
+    closed, out_tree = traced.jaxpr, traced.out_tree
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
     k = key(info.fold_options, where, closed, (in_tree, out_tree), arrays) if jax.process_count() == 1 else None
     if k is None:
@@ -465,31 +466,6 @@ def specialize(
     spec = Specialization(program, consts, time.perf_counter() - start, residual if consts is folded else None)
     _store(store, k, info.name, spec)
     return spec
-
-
-def _trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals) -> tuple:
-    """``(jaxpr, out_tree)`` of a trace with the constant arrays abstract; ``()`` if it fails."""
-    is_arrays = [is_array(leaf) for leaf in const_leaves]
-    arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
-    statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
-    out_trees: list = []
-
-    def plain(*leaves):
-        it = iter(leaves[: len(arrays)])
-        vals = jax.tree_util.tree_unflatten(const_tree, [next(it) if a else s for s, a in zip(statics, is_arrays)])
-        return bind(vals, in_tree, out_trees)(*leaves[len(arrays):])
-
-    try:
-        structs = [_struct(jax.typeof(a)) for a in arrays] + [_struct(a) for a in avals]
-        closed = jax.make_jaxpr(plain)(*structs)
-    except Exception as e:  # the trace needs constant values: no key
-        logger.debug("pejit: not cached across runs, the trace needs constant values: %s", e)
-        return ()
-    return closed, out_trees[-1]
-
-
-def _struct(aval) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
 
 
 def _store(store: Store, k: str, name: str, spec: Specialization) -> None:

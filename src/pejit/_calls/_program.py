@@ -22,7 +22,7 @@ import numpy as np
 from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
-from .._fold import _batch, _flops, _offload
+from .._fold import _batch, _cost, _offload
 from ._keys import OtherSignature
 from .._fold._stats import FoldStats
 from .._fold._primitives import CUSTOM_CALLS, subjaxprs
@@ -48,7 +48,7 @@ class Program:
 
     def __init__(
         self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
-        folding_program: FoldingProgram | None,
+        folding_program: FoldingProgram | AsGiven | None,
     ):
         self.jaxpr = jaxpr  # the open residual jaxpr; its first nconsts inputs are the folded constants
         self.nconsts = nconsts
@@ -61,15 +61,9 @@ class Program:
 
 
 #: XLA's options for a folding program of little work, which runs once per
-#: value: its optimization passes cost more than they save (the MJX humanoid
-#: model's folding program, 754 equations of indexing and arithmetic on the
-#: model, compiled in 3.2 s at level 0 against 6.8 s, with the same constants).
+#: value (:func:`pejit._fold._cost.one_off`): its optimization passes cost more
+#: than they save.
 ONE_OFF = {"xla_backend_optimization_level": 0}
-
-#: The most estimated work (:func:`pejit._fold._flops.jaxpr_cost`) of a folding
-#: program compiled with :data:`ONE_OFF`: unoptimized code is a few times
-#: slower, which at this size costs milliseconds.
-ONE_OFF_COST = 1e7
 
 
 class FoldingProgram:
@@ -78,7 +72,7 @@ class FoldingProgram:
     The first value is folded by evaluating the program's jaxpr equation by
     equation, as folding while tracing would, unless compiling the program
     costs less than compiling its primitives one by one
-    (:func:`pejit._fold._batch.one_program_pays`; ``backend``, the fold options'
+    (:func:`pejit._fold._cost.one_program_pays`; ``backend``, the fold options'
     back end, may force either). A second value means values do
     change: the program is then compiled once, and each new value costs one
     run of it. One that cannot be compiled (a primitive with only an
@@ -122,12 +116,12 @@ class FoldingProgram:
                           seg.compile_seconds)
         return out
 
-    def first_value(self, *arrays, keep: Callable | None = None, tick: Callable | None = None,
+    def first_value(self, *arrays, one_program: bool, keep: Callable | None = None, tick: Callable | None = None,
                     kernels: _offload.Kernels | None = None) -> list:
-        """The folded constants of the first value (see the class docstring)."""
-        if self._compilable and (self.backend == "compiled" or (
-            self.backend == "auto" and _batch.one_program_pays(self.traced.jaxpr.eqns)
-        )):
+        """The folded constants of the first value: by one compiled program (``one_program``,
+        as decided before the trace, see ``pejit._calls._specializer.trace_program``), else
+        equation by equation (see the class docstring)."""
+        if self._compilable and one_program:
             consts = self(*arrays)
             if tick is not None:
                 tick(len(self.traced.jaxpr.eqns))
@@ -138,7 +132,7 @@ class FoldingProgram:
         if self.compiled is None and self._compilable:
             try:
                 lowered = self.traced.lower()
-                if _flops.jaxpr_cost(self.traced.jaxpr) < ONE_OFF_COST:
+                if _cost.one_off(_cost.jaxpr_cost(self.traced.jaxpr)):
                     self.compiled = lowered.compile(compiler_options=ONE_OFF)
                 else:
                     self.compiled = lowered.compile()
@@ -147,6 +141,20 @@ class FoldingProgram:
         if self.compiled is None:
             return self.evaluate(*arrays)
         return self.compiled(*arrays)
+
+
+class AsGiven:
+    """The folding program of a structure that folds nothing (see
+    :func:`pejit._calls._specializer.unfolded_program`): a value's constants are
+    passed as they are, after the values the traced program closes over."""
+
+    share = None  # nothing equal or uniform is left out (see SharePlan)
+
+    def __init__(self, closed_over: Sequence):
+        self.closed_over = list(closed_over)
+
+    def __call__(self, *arrays) -> list:
+        return [*self.closed_over, *(a if isinstance(a, jax.Array) else jax.device_put(a) for a in arrays)]
 
 
 class PerValue(NamedTuple):
@@ -159,14 +167,10 @@ class PerValue(NamedTuple):
     reason: str
 
 
-#: The most bytes of folded constants a specialization compiles into its program
-#: (as HLO constants: a second copy, and compile time that grows with them).
-INLINE_BYTES = 1 << 20
-
-
 def inlinable(consts: Sequence) -> bool:
-    """Whether folded constants (arrays, or their types) are small enough to compile in."""
-    return sum(c.size * c.dtype.itemsize for c in consts) <= INLINE_BYTES
+    """Whether folded constants (arrays, or their types) are small enough to compile in
+    (:func:`pejit._fold._cost.compiled_in`)."""
+    return _cost.compiled_in(sum(c.size * c.dtype.itemsize for c in consts))
 
 
 class Specialization:
@@ -202,8 +206,8 @@ class Specialization:
 
     @property
     def compilable_in(self) -> bool:
-        """Whether the folded constants can be compiled into the program: small
-        (``INLINE_BYTES`` in all) arrays on one device of this process."""
+        """Whether the folded constants can be compiled into the program: small arrays
+        (``pejit._fold._cost.compiled_in``) on one device of this process."""
         local = all(type(c) is np.ndarray or (type(c) is _compat.ArrayImpl and c.is_fully_addressable
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
         return local and inlinable(self.consts)

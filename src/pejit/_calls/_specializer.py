@@ -2,10 +2,14 @@
 
 Plain functions of what they need, given explicitly: the parsed options
 (:class:`~pejit._calls._info.PejitInfo`), the call's argument layout, and the
-constants. :func:`specialize` folds once per structure of the constants
-when it can (a *folding program*, traced with the constant arrays abstract,
-maps each new value to new folded constants: :func:`trace_program`), and
-otherwise per value (:func:`specialize_per_value`).
+constants. The first specialization of a structure of the constants looks
+before it folds (:mod:`pejit._calls._look`): it traces the function as
+``jax.jit`` does and, where folding cannot pay, runs that program with the
+constants as arguments (:func:`unfolded_program`). Otherwise :func:`specialize`
+folds once per structure when it can (a *folding program*, the traced
+program replayed with the constant arrays abstract, maps each new value to
+new folded constants: :func:`trace_program`), and per value where the trace
+needs constant values (:func:`specialize_per_value`).
 """
 
 from __future__ import annotations
@@ -21,18 +25,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _compat
-from .._fold import _offload, _progress
-from . import _argnums, _errors, _persist
+from .._fold import _cost, _offload, _progress
+from .._fold._folding import replay
+from .._fold._stats import FoldStats, Unfolded, label
+from . import _argnums, _errors, _look, _persist
 from .._fold._gc import pausing
 from ._argnums import interleave
 from ._cache import SpecializationCache
 from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
-from ._program import FoldingProgram, PerValue, Program, Specialization, inlinable, runner, why_per_value
+from ._program import AsGiven, FoldingProgram, PerValue, Program, Specialization, inlinable, runner, why_per_value
 from .._residual._partial_eval import fold, share_constants, to_device
 from .._fold._staging import ClosedOverTracer
-from .._fold._values import Compactor
+from .._fold._values import Compactor, nbytes
 
 _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -62,21 +68,36 @@ def specialize(
                                    persist=False),
             runner=functools.partial(make_runner, info, layout, in_tree=in_tree), place=functools.partial(place, info),
         )
+    if info.one_value:  # folded now, as asked (the TFC form; auto's promotions, decided by their estimate)
+        out_trees: list = []
+        vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+        return specialize_per_value(info, layout, bind_constants(info, where, vals, in_tree, out_trees), out_trees,
+                                    in_tree, avals, None)
     nargs = len(layout.const) + len(layout.dyn)
-    if info.one_value:
-        return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, None)
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
     program = programs.get(skey)
     if program is None:
         start = time.perf_counter()
-        program, consts = trace_program(info, layout, where, const_leaves, const_tree, in_tree, avals)
+        with _progress.Progress(info.name, False).stage("look"):
+            traced = _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree,
+                                 avals)
+            seen = None if isinstance(traced, PerValue) else _look.look(traced, info.fold_options, info.jit)
+        if seen is None:
+            program = traced
+        elif not seen.pays:
+            program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
+        else:
+            program, consts = trace_program(info, layout, seen, arrays, in_tree, avals)
         programs.put(skey, program)
         if not isinstance(program, PerValue):
             return Specialization(program, consts, time.perf_counter() - start)
     if isinstance(program, PerValue):
-        return specialize_per_value(info, layout, const_pos, const_kw, in_tree, avals, program.reason)
+        out_trees: list = []
+        vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+        return specialize_per_value(info, layout, bind_constants(info, where, vals, in_tree, out_trees), out_trees,
+                                    in_tree, avals, program.reason)
     start = time.perf_counter()
     with _progress.Progress(info.name, False).stage("fold (folding program)"):
         consts = program.folding_program(*arrays)
@@ -130,74 +151,99 @@ def as_jax(constants: Any) -> Any:
     return jax.tree_util.tree_map(lambda v: jnp.asarray(v) if isinstance(v, (np.ndarray, np.generic)) else v, constants)
 
 
-def trace_program(info: PejitInfo, layout: Layout, where, const_leaves, const_tree, in_tree, avals):
-    """Trace once with the constant arrays abstract: the folding program.
+def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: list, in_tree, avals):
+    """The folding program of a traced function (``seen.traced``): its jaxpr replayed
+    under the folding trace with the constant arrays abstract, and the folded
+    constants of ``arrays``.
 
-    If the trace needs a constant's value (Python control flow, shapes,
-    a ``cond`` with a known index, ...) it fails, and the structure is
-    marked value-dependent: each new value is traced again, concretely.
-    Any failure counts, since JAX reports a missing value in many ways
-    (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
-    ``IndexError`` for slices) and so may user code checking values; the
-    concrete trace then raises the function's real errors. A residual
-    that :func:`~pejit._calls._program.why_per_value` rejects is value-dependent
-    too. The reason is kept in the report.
+    The first value is evaluated as one compiled program where the look's known
+    work says that costs less than compiling its primitives one by one
+    (:func:`pejit._fold._cost.one_program_pays`) and none of it is a kernel that
+    would start on the worker as the replay records it, compiled beside the
+    replay (:func:`pejit._fold._offload.worth_a_kernel`); decided before the
+    replay, so that no kernel starts for a program that will not use it.
+
+    If the replay needs a constant's value (a fold rule decides by it: a
+    ``cond`` with a known index, a solve by its operator's conditioning) it
+    fails, and the structure is marked value-dependent: each new value is
+    traced again, concretely. So is a residual that
+    :func:`~pejit._calls._program.why_per_value` rejects. The reason is kept in
+    the report.
     """
-    is_arrays = [is_array(leaf) for leaf in const_leaves]
-    arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
-    # Close over the static leaves only: array leaves must not be kept alive.
-    statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
-    traced: dict[str, Any] = {}
-    out_trees: list = []
+    traced = seen.traced
+    backend = info.fold_options.backend
+    known = seen.work.folded
+    compilable = all(_compat.has_lowering(e.primitive, jax.default_backend()) for e in known)
+    # kernels (TFC's basis on its grid) that start on the worker while the replay
+    # records them are compiled beside it: op by op then costs the trace nothing more
+    kernels_early = any(_offload.worth_a_kernel(e.primitive, e.params, sum(nbytes(v.aval) for v in e.outvars))
+                        for e in known)
+    one_program = compilable and (backend == "compiled" or (
+        backend == "auto" and not kernels_early and _cost.one_program_pays(known)))
+    state: dict[str, Any] = {}
     # kernels on the constants alone (TFC's basis on its grid) start on the
     # first value while the trace records them, as in a concrete trace
-    kernels = _offload.Kernels()
+    kernels = _offload.Kernels(enabled=not one_program)
 
     def folding_program(*array_leaves):
-        it = iter(array_leaves)
-        leaves = [next(it) if a else leaf for leaf, a in zip(statics, is_arrays)]
-        flat_fun = bind_constants(info, where, _tree_unflatten(const_tree, leaves), in_tree, out_trees)
-
         def traced_fun(*dyn_leaves):
-            traced["traces"].append(weakref.ref(_compat.core_trace()))
-            return flat_fun(*dyn_leaves)
+            state["traces"].append(weakref.ref(_compat.core_trace()))
+            return replay(_compat.core_trace(), traced.jaxpr, [*array_leaves, *dyn_leaves])
 
-        traced_fun.__fun_debug_info__ = getattr(flat_fun, "__fun_debug_info__", None)
-        traced["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
+        state["traces"] = [weakref.ref(_compat.trace_of(a)) for a in array_leaves[:1]]
         with kernels.given(array_leaves, arrays):
             residual = fold(traced_fun, avals, info.fold_options, name=info.name, abstract=True, progress=progress,
                             kernels=kernels)
-        traced["jaxpr"] = residual.open_jaxpr()
-        traced["nconsts"] = len(residual.consts)
-        traced["stats"] = residual.stats
+        state["jaxpr"] = residual.open_jaxpr()
+        state["nconsts"] = len(residual.consts)
+        state["stats"] = residual.stats
         return place(info, residual.consts, jax.lax.with_sharding_constraint)
 
     progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
     try:
         try:
             with progress.stage("trace"):
-                program = FoldingProgram(jax.jit(folding_program).trace(*arrays), info.fold_options.backend)
+                program = FoldingProgram(jax.jit(folding_program).trace(*arrays), backend)
         except ClosedOverTracer:  # no value would help
             raise
-        except Exception as e:  # the trace needed a constant's value
+        except Exception as e:  # a rule needed a constant's value
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        reason = why_per_value(traced["jaxpr"], traced["traces"])
+        reason = why_per_value(state["jaxpr"], state["traces"])
         if reason is not None:
             return PerValue(reason), None
         # Uniform and equal constants are kept small as they are produced (see
         # pejit._fold._values), unless they must keep the placement asked for.
         keep = Compactor() if info.constant_shardings is None else None
-        run = runner_ahead(info, layout, traced["jaxpr"], traced["nconsts"], out_trees[-1], in_tree, avals)
+        run = runner_ahead(info, layout, state["jaxpr"], state["nconsts"], traced.out_tree, in_tree, avals)
         progress.expect(len(program.traced.jaxpr.eqns))
         with progress.stage("fold"):
-            consts = program.first_value(*arrays, keep=keep, tick=progress.advance, kernels=kernels)
+            consts = program.first_value(*arrays, one_program=one_program, keep=keep, tick=progress.advance,
+                                         kernels=kernels)
     finally:
         progress.close()
         kernels.close()  # what the first value did not take (see Kernels.given)
-    program.residual = traced["jaxpr"]
-    unshared = Program(traced["jaxpr"], traced["nconsts"], out_trees[-1], traced["stats"], (), None, program)
+    program.residual = state["jaxpr"]
+    unshared = Program(state["jaxpr"], state["nconsts"], traced.out_tree, state["stats"], (), None, program)
     return shared_program(info, layout, in_tree, unshared, consts, run)
+
+
+def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: list, in_tree):
+    """The program of a structure whose fold cannot pay (``seen``): ``jax.jit``'s
+    own, the constants its leading arguments (compiled in where small, as ``jax.jit``
+    compiles what a function closes over: see ``Specialization.compile_in``); each
+    value's constants are passed as they are (:class:`~pejit._calls._program.AsGiven`)."""
+    jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
+    as_given = AsGiven(consts)
+    stats = FoldStats()
+    work = seen.work
+    if work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
+        stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False))
+    stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
+    nconsts = len(consts) + len(arrays)
+    run = make_runner(info, layout, jaxpr, nconsts, seen.traced.out_tree, in_tree)
+    program = Program(jaxpr, nconsts, seen.traced.out_tree, stats, (), run, as_given)
+    return program, place(info, as_given(*arrays), jax.device_put)
 
 
 def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree, in_tree, avals) -> Callable | None:
@@ -254,33 +300,29 @@ def shared_program(
 
 
 def specialize_per_value(
-    info: PejitInfo, layout: Layout, const_pos, const_kw, in_tree, avals, reason: str | None
+    info: PejitInfo, layout: Layout, flat_fun: Callable, out_tree, in_tree, avals, reason: str | None
 ) -> Specialization:
-    """Fold for these constant values by tracing with them concrete.
+    """Fold for these constant values, concretely: ``flat_fun`` is the function of the
+    dynamic leaves with the constants bound (their trace, or its jaxpr replayed), and
+    ``out_tree`` its output's structure (or the list the trace appends it to).
 
     ``reason`` says why a folding program cannot serve this structure, for
     the report; None when there is no folding program to try (the TFC form,
-    whose constants never change: one concrete pass, as TFC's ``pe`` does,
-    costs less than an abstract trace plus its evaluation, measured on a TFC
-    PDE program at 19.6 s against 36.5 s)."""
-    out_trees: list = []
-    where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
-    vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+    whose constants never change: one concrete pass costs less than an
+    abstract one plus its evaluation)."""
     notes = () if reason is None else (f"each new constant value is traced and folded again: {reason}",)
     progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
     try:
         with progress.stage("trace and fold"):
-            residual = fold(
-                bind_constants(info, where, vals, in_tree, out_trees), avals, info.fold_options, name=info.name,
-                fallbacks=notes, progress=progress,
-            )
+            residual = fold(flat_fun, avals, info.fold_options, name=info.name, fallbacks=notes, progress=progress)
     finally:
         progress.close()
+    out_tree = out_tree[-1] if isinstance(out_tree, list) else out_tree
     folded = residual.consts
     consts = place(info, folded, jax.device_put)
     jaxpr, nconsts = residual.open_jaxpr(), len(folded)
-    run = make_runner(info, layout, jaxpr, nconsts, out_trees[-1], in_tree)
-    program = Program(jaxpr, nconsts, out_trees[-1], residual.stats, notes, run, None)
+    run = make_runner(info, layout, jaxpr, nconsts, out_tree, in_tree)
+    program = Program(jaxpr, nconsts, out_tree, residual.stats, notes, run, None)
     return Specialization(program, consts, residual.report.fold_seconds, residual if consts is folded else None)
 
 

@@ -5,12 +5,13 @@ a jaxpr, with a policy (``_policy``'s ``FoldPolicy``) asked before each
 equation; ``_folding``'s ``Folder`` is that policy: it looks the
 primitive up in the fold rules (``_fold_rules``), stages dynamic work and
 records known work as recipes, keeps cheap expansions lazy, reads its
-switches from ``_options`` and counts into ``_stats`` (FLOPs by
-``_flops``, which also estimates what a call costs, for the fold's
-decision that it pays). ``_batch`` evaluates the recipes a value needs, in
-batches, eager or compiled by a cost model (the costs of the device the
-program runs on: ``_device``): programs, and unrolled loops rolled
-again, by ``_compiled``; on the host where NumPy gives XLA's bits
+switches from ``_options`` and counts into ``_stats``. ``_cost`` is the
+cost model every decision of pejit's asks (does this fold, hoist, split,
+collapse, compile pay?), from one measure per equation and the profile of
+the device the program runs on (``_device``); ``_known`` reads off a jaxpr
+what folding its known inputs would save, before anything is evaluated.
+``_batch`` evaluates the recipes a value needs, in batches, eager or
+compiled: programs, and unrolled loops rolled again, by ``_compiled``; on the host where NumPy gives XLA's bits
 (``_host``); opaque kernels on a worker thread (``_offload``); far reads
 of constant-only values computed again (``_refold``), or held while the
 heap is trimmed (``_trim``); results kept compact (``_values``). Beside

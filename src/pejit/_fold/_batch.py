@@ -45,24 +45,8 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 from jax.interpreters import mlir
 
 from .. import _compat
-from . import _abstract, _compiled, _device, _flops, _host, _offload, _primitives, _refold, _trim
-from ._primitives import called_jaxpr
+from . import _abstract, _compiled, _cost, _device, _host, _offload, _primitives, _refold, _trim
 from ._values import nbytes
-
-# -- the cost model (seconds, bytes per second) ------------------------------
-# Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a
-# 50-equation elementwise chain compiles in 0.1-0.3 s; an eager add on a
-# 2048x2048 float32 array takes ~10 ms, most of it memory traffic.
-#: Python dispatch of one primitive on cached executables.
-DISPATCH_SECONDS = 40e-6
-#: Compiling a program: a fixed cost, and a cost per equation.
-COMPILE_SECONDS = 0.05
-COMPILE_SECONDS_PER_EQN = 4e-3
-# The effective bandwidth of writing and re-reading an intermediate, and what
-# stays in a core's cache (a chain of ``sin``/``*``/``+``/``cos`` on 256x256
-# float32 folded 7% more slowly with its runs compiled), are the device's:
-# see pejit._fold._device.
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Recipe:
@@ -140,7 +124,8 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
 
     The cost model: a run of consecutive *fusible* equations (cheap
     elementwise arithmetic and data movement, which XLA fuses into one loop)
-    is compiled when fusing saves more than compiling costs. Fusing saves,
+    is compiled when fusing saves more than compiling costs
+    (:func:`pejit._fold._cost.run_compiles`). Fusing saves,
     per equation, one dispatch, and the memory traffic of the intermediates
     (written by one kernel, read back by the next) where they outgrow a
     core's cache; it costs the copy a program makes of each NumPy array it
@@ -161,8 +146,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     if forced == "compiled":
         lowerable = all(_compat.has_lowering(r.prim, platform) for r in recipes)
         return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
-    device = _device.current()
-    bandwidth, cached, host = device.bandwidth, device.cached_bytes, _device.host_computes()
+    cached, host = _device.current().cached_bytes, _device.host_computes()
     runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
     kinds: dict[tuple, tuple[bool, bool]] = {}  # (primitive, body) -> (fuses, starts a run)
     for r in recipes:
@@ -192,7 +176,7 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
             copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
                 (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
             alike_made.update(v for r in run for v in r.outvars)
-            if compiled[n] or _pays(len(run), traffic - copied, alike[n], bandwidth):
+            if compiled[n] or _cost.run_compiles(len(run), traffic - copied, alike[n]):
                 segments.append(Segment("compiled", tuple(run), key))
                 continue
         if segments and segments[-1].backend == "eager":
@@ -204,22 +188,14 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     return segments if outputs is None else _roll(segments, reads, set(outputs))
 
 
-def _pays(equations: int, traffic: int, alike: int, bandwidth: float) -> bool:
-    """Whether compiling a run of ``equations`` that ``alike`` runs share pays, where
-    fusing it saves writing and reading ``traffic`` bytes (see :func:`plan_batch`)."""
-    saved = equations * DISPATCH_SECONDS + traffic / bandwidth
-    return saved * alike > COMPILE_SECONDS + equations * COMPILE_SECONDS_PER_EQN
-
-
 def compiled_alike(run: Sequence[Recipe], alike: int) -> bool:
     """Whether :func:`plan_batch` would compile ``alike`` runs like ``run``, as
     far as the run alone tells: its intermediates read in it alone, no NumPy
     array among its inputs (what :class:`pejit._fold._compiled.LoopsAhead` asks
     while the trace records an unrolled loop)."""
-    device = _device.current()
-    traffic = sum(nbytes(v.aval) for r in run[:-1] for v in r.outvars
-                  if v is not None and nbytes(v.aval) > device.cached_bytes)
-    return _pays(len(run), traffic, alike, device.bandwidth)
+    cached = _device.current().cached_bytes
+    traffic = sum(nbytes(v.aval) for r in run[:-1] for v in r.outvars if v is not None and nbytes(v.aval) > cached)
+    return _cost.run_compiles(len(run), traffic, alike)
 
 
 def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]:
@@ -255,28 +231,6 @@ def _inputs(run: Sequence[Recipe]) -> list[Any]:
 
 def _bytes(a) -> int:
     return nbytes(a.aval) if _is_var(a) else a.nbytes
-
-
-def one_program_pays(eqns: Sequence[Any]) -> bool:
-    """Whether ``eqns``, evaluated once in a fresh process, cost less as one program.
-
-    Op by op, each distinct primitive/type pair compiles a program of its own
-    the first time a process evaluates it (``COMPILE_SECONDS`` each: measured
-    30-70 ms for a transpose, an ``iota``, a ``cholesky``); one program for
-    all of them costs one compile, growing with its size. Small folds of many
-    distinct operations, as ``cholesky(X.T @ X + lam * I)``, win by one
-    program; long folds of few distinct ones (an unrolled loop) lose.
-    """
-    eqns = flat_eqns(eqns)
-    distinct = {(e.primitive.name, tuple(v.aval for v in e.invars), tuple(v.aval for v in e.outvars)) for e in eqns}
-    one_program = COMPILE_SECONDS + sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
-    return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
-
-
-def _compiled_size(eqn) -> int:
-    """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
-    inner = called_jaxpr(eqn.primitive, eqn.params)
-    return 1 if inner is None else max(1, sum(map(_compiled_size, inner.eqns)))
 
 
 def run_batch(
@@ -471,7 +425,7 @@ known_part_p = _call_primitive("known_part", "eager")
 #: evaluating the program evaluates its equations as the batch's own
 #: (:func:`flat_recipes`), compiling it compiles its body.
 batch_p = _call_primitive("folded_batch", "auto")
-_flops.register_flop_rule(known_part_p, batch_p)(_flops.call_flops)
+_cost.register_cost_rule(known_part_p, batch_p)(_cost.call_cost)
 
 
 def _stage(recipes, env, outputs) -> list[Any]:

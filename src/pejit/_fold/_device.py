@@ -50,6 +50,9 @@ class DeviceProfile:
       build_flops: the most FLOPs building a collapse's matrix by ``jax.jvp``,
         compiled, may take.
       host_build_flops: the same for the host's build (NumPy, nothing compiled).
+      flops_per_second, bytes_per_second, kernel_seconds: what a call spends per
+        FLOP, per byte read from memory and per kernel run on its own, which
+        :meth:`pejit._fold._cost.Cost.seconds` weighs.
     """
 
     platform: str
@@ -58,19 +61,27 @@ class DeviceProfile:
     cached_bytes: int
     build_flops: float
     host_build_flops: float
+    flops_per_second: float = 1e9
+    bytes_per_second: float = 1e9
+    kernel_seconds: float = 5e-6
 
 
 #: Measured on a 2-core x86 CPU, JAX 0.10.2: host memory traffic is slow
 #: (an eager add on 2048x2048 float32 takes ~10 ms), intermediates up to
 #: 1 MiB stay in cache, a region's ``jax.jvp`` compiles for seconds past
 #: 8e9 FLOPs of build, the host builds TFC's full-size WaveEquation2D region
-#: (1.8e11 FLOPs) in about a second.
+#: (1.8e11 FLOPs) in about a second. Per call, a FLOP of elementwise work costs
+#: about as much as a byte read, and a kernel of its own (a product, a LAPACK
+#: call) a few microseconds: TFC's ODE's 100x29 float64 matrix-vector product
+#: costs about as much again to launch as to compute.
 CPU = DeviceProfile("cpu", host_is_device=True, bandwidth=2e9, cached_bytes=2**20, build_flops=8e9,
                     host_build_flops=1e12)
 #: An accelerator: device memory is fast (fusing saves little), the host is
-#: across a link. The host's build is the CPU's, its inputs copied over.
+#: across a link. The host's build is the CPU's, its inputs copied over. Per
+#: call, the CPU's weights of FLOPs, bytes and kernels against each other (no
+#: accelerator has measured its own here).
 GPU = DeviceProfile("gpu", host_is_device=False, bandwidth=5e11, cached_bytes=0, build_flops=8e9,
-                    host_build_flops=1e12)
+                    host_build_flops=1e12, flops_per_second=1e12, bytes_per_second=1e12, kernel_seconds=5e-9)
 TPU = dataclasses.replace(GPU, platform="tpu")
 
 PROFILES = {p.platform: p for p in (CPU, GPU, TPU)}

@@ -40,7 +40,7 @@ from jax.extend.core import Primitive
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from . import _abstract, _batch, _compiled, _flops, _host, _offload, _progress, _values
+from . import _abstract, _batch, _compiled, _cost, _host, _offload, _progress, _values
 from ._batch import nbytes
 from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
@@ -57,11 +57,6 @@ class NeedsValue(Exception):
     structure then depends on the constants' values, which are traced again
     for each value, concretely.
     """
-
-
-#: Known results up to this size, on concrete inputs, are computed at once
-#: rather than deferred to a batch.
-TINY_BYTES = 64
 
 
 class Folder:
@@ -178,8 +173,8 @@ class Folder:
             return NotImplemented
         if self.options.rematerialize and self._stays_lazy(prim, args, avals, out_avals):
             return self.stage_lazy(trace, prim, args, params)
-        self._count([label(prim, params)], _flops.flops_of(prim, avals, out_avals, params))
-        if sum(map(nbytes, out_avals)) <= TINY_BYTES and not any(self._var(a) is not None for a in args):
+        self._count([label(prim, params)], _cost.eqn_flops(_cost.eqn_of(prim, avals, out_avals, params)))
+        if _cost.on_the_spot(sum(map(nbytes, out_avals))) and not any(self._var(a) is not None for a in args):
             # Scalars are evaluated on the spot: Python often asks for them,
             # and a batch of one costs more than the dispatch. The user's
             # code holds them, so they are JAX's arrays, whoever computes them
@@ -199,7 +194,7 @@ class Folder:
         What :meth:`default` would do for each of them, at the cost of one
         staged equation (see ``pejit._residual.rules.calls.fold_jit``).
         """
-        self._count([label(e.primitive, e.params) for e in closed.jaxpr.eqns], _flops.jaxpr_flops(closed.jaxpr))
+        self._count([label(e.primitive, e.params) for e in closed.jaxpr.eqns], _cost.jaxpr_flops(closed.jaxpr))
         return self._record(trace, _batch.known_part_p, args, {"jaxpr": closed}, lazy=False)
 
     def _count(self, labels: list[str], flops: float) -> None:
@@ -360,20 +355,20 @@ class Folder:
         return kept[::-1], needed[::-1]
 
     def folding_pays(self, todo: Sequence[_batch.Recipe], kept: Sequence[Any]) -> bool:
-        """Whether evaluating the recipes ``todo`` saves at least ``FoldOptions.min_gain`` of
-        the per-call cost of the program (``todo`` and the ``kept`` equations), by
-        :func:`pejit._fold._flops.eqn_cost`. In a loop's body (:attr:`trips`) folding
-        saves what XLA would not move out of the loop itself (library calls) on
-        every trip, the rest once. If not, the stats take the fold's count back
-        and record why (``FoldStats.unfolded``)."""
-        saved = sum(_flops.cost_of(r.prim, [_aval(a) for a in r.args], [v.aval for v in r.outvars if v is not None],
-                                   r.params, self.trips) for r in todo)
-        rest = self.trips * sum(_flops.eqn_cost(e) for e in kept)
-        if saved >= self.options.min_gain * (saved + rest):
+        """Whether evaluating the recipes ``todo`` pays (:func:`pejit._fold._cost.fold_pays`)
+        in the program of ``todo`` and the ``kept`` equations. In a loop's body
+        (:attr:`trips`) folding saves what XLA would not move out of the loop itself
+        (library calls) on every trip, the rest once. If not, the stats take the
+        fold's count back and record why (``FoldStats.unfolded``)."""
+        saved = _cost.program_cost(
+            _cost.Eqn(r.prim, [_var_of(a) for a in r.args], [v for v in r.outvars if v is not None], r.params)
+            for r in todo).invariant(self.trips)
+        rest = _cost.program_cost(kept) * self.trips
+        if _cost.fold_pays(saved, saved + rest, self.options.min_gain):
             return True
         self.stats.folded -= self._counted
         self.stats.flops -= self._counted_flops
-        self.stats.unfolded.append(Unfolded(len(todo), saved, saved + rest, self.nested))
+        self.stats.unfolded.append(Unfolded(len(todo), saved.seconds(), (saved + rest).seconds(), self.nested))
         self._counted, self._counted_flops = Counter(), 0.0
         return False
 
@@ -394,10 +389,9 @@ class Folder:
         """Whether ``prim`` on known values that are not lazy is an expansion that stays lazy."""
         if not self.options.rematerialize or prim not in EXPANSIONS:
             return False
-        in_bytes = sum(map(nbytes, avals))
-        out_bytes = sum(map(nbytes, out_avals))
         opts = self.options
-        return out_bytes > opts.expansion_min_bytes and out_bytes > opts.expansion_ratio * in_bytes
+        return _cost.stays_lazy(sum(map(nbytes, avals)), sum(map(nbytes, out_avals)), opts.expansion_ratio,
+                                opts.expansion_min_bytes)
 
     def stage_lazy(self, trace, prim, args, params):
         """Stage ``prim`` on known inputs, remembering how to materialize it."""
@@ -581,9 +575,9 @@ class Folder:
 _SPREADS = frozenset({P.broadcast_in_dim_p, P.reshape_p})
 
 
-def _aval(x):
-    """The type of a recipe's input (a recipe's output ``Var``, or a value)."""
-    return x.aval if isinstance(x, _compat.Var) else _compat.typeof(x)
+def _var_of(x):
+    """A recipe's input as an equation's: its ``Var``, or a variable of a value's type."""
+    return x if isinstance(x, _compat.Var) else _cost.Typed(_compat.typeof(x))
 
 
 def _handover(env: dict) -> dict:

@@ -77,6 +77,14 @@ class _Handed(NamedTuple):
     early: bool  # handed out by the trace (else by a batch's Ahead)
 
 
+def worth_a_kernel(prim, params: dict, out_bytes: int) -> bool:
+    """Whether an equation on known values is a kernel worth handing to the worker: no host
+    rule, not a call, not what a compiled segment would fuse (``plan_batch`` runs it
+    eagerly), compilable, with outputs of :data:`MIN_BYTES` or more."""
+    return (prim not in _host.HOST_RULES and prim.name not in CALLS and prim.name not in CUSTOM_CALLS
+            and not fusible(prim, params) and out_bytes >= MIN_BYTES and _compat.has_lowering(prim, "cpu"))
+
+
 class Kernels:
     """The kernels of one fold handed to the worker, by recipe
     (:class:`pejit._fold._batch.Recipe`), and their results not yet read.
@@ -84,11 +92,12 @@ class Kernels:
     Those handed out by the trace and by a batch wait under separate
     budgets of :data:`AHEAD_BYTES`: a batch runs only what its values
     need, and must not find the budget held by kernels that it does not
-    run, or runs later.
+    run, or runs later. Not ``enabled``, none is handed out (a fold whose
+    first value is one compiled program has no use for them).
     """
 
-    def __init__(self):
-        self.enabled = _cores() > 1 and _device.host_computes()
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and _cores() > 1 and _device.host_computes()
         self._handed: dict[Any, _Handed] = {}
         self._waiting = {True: 0, False: 0}  # by early: bytes handed out, not read yet
         self._puts: dict[tuple, Any] = {}  # small NumPy inputs (see _host.to_jax_once)
@@ -125,13 +134,8 @@ class Kernels:
         return [_host.to_jax_once(a, self._puts) for a in args]
 
     def kernel(self, recipe) -> bool:
-        """Whether ``recipe`` is a kernel worth a hand-off: no host rule, not a
-        call, not what a compiled segment would fuse (``plan_batch`` runs it
-        eagerly), compilable, with outputs of :data:`MIN_BYTES` or more."""
-        prim = recipe.prim
-        return (self.enabled and prim not in _host.HOST_RULES and prim.name not in CALLS
-                and prim.name not in CUSTOM_CALLS and not fusible(prim, recipe.params)
-                and recipe.out_bytes() >= MIN_BYTES and _compat.has_lowering(prim, "cpu"))
+        """Whether ``recipe`` is a kernel worth a hand-off (:func:`worth_a_kernel`)."""
+        return self.enabled and worth_a_kernel(recipe.prim, recipe.params, recipe.out_bytes())
 
     def early(self, recipe, args: Sequence[Any] | None = None) -> None:
         """Hand ``recipe`` out as the trace records it, if it is a kernel on

@@ -71,7 +71,7 @@ class FoldOptions:
         region may store.
       min_gain: a fold is kept only where the work it evaluates costs at
         least this fraction of the program's per-call cost (estimated by
-        ``pejit._fold._flops.jaxpr_cost``); elsewhere the program keeps that
+        `pejit._fold._cost`, see ``fold_pays``); elsewhere the program keeps that
         work, as ``jax.jit``'s does, and the report says so. Each loop body,
         branch and custom rule decides for itself. 0 folds everything known.
 
@@ -80,8 +80,9 @@ class FoldOptions:
       >>> from pejit import FoldOptions, explain
       >>> def f(c, x):
       ...     return jnp.arange(10000.0).reshape(100, 100) * c + x
-      >>> lazy = explain(f, 2.0, 1.0, constant_argnums=0)
-      >>> stored = explain(f, 2.0, 1.0, constant_argnums=0, fold_options=FoldOptions(rematerialize=False))
+      >>> c = jnp.float32(2.0)
+      >>> lazy = explain(f, c, 1.0, constant_argnums=0)
+      >>> stored = explain(f, c, 1.0, constant_argnums=0, fold_options=FoldOptions(rematerialize=False))
       >>> lazy.folded_bytes < 100 < stored.folded_bytes  # the 100x100 expansion is not stored
       True
     """

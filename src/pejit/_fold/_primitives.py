@@ -1,7 +1,7 @@
 """Tables of primitives by kind, shared by the folding policy and its back end.
 
 :class:`~pejit._fold._folding.Folder` keeps cheap expansions lazy;
-:mod:`pejit._fold._batch` fuses them into compiled batches; :mod:`pejit._fold._flops`
+:mod:`pejit._fold._batch` fuses them into compiled batches; :mod:`pejit._fold._cost`
 counts elementwise work. Each reads its kinds here.
 """
 

@@ -16,8 +16,9 @@ from .. import _compat
 
 class Unfolded(NamedTuple):
     """A fold that did not pay for itself: ``equations`` known equations, estimated
-    to cost ``saved`` per call of the program's ``total``, stayed in the program
-    (in a sub-program, ``nested``: a loop's body, a branch)."""
+    to cost ``saved`` seconds per call of the program's ``total``
+    (:mod:`pejit._fold._cost`), stayed in the program (in a sub-program, ``nested``:
+    a loop's body, a branch)."""
 
     equations: int
     saved: float
@@ -28,7 +29,7 @@ class Unfolded(NamedTuple):
         where = "a sub-program's " if self.nested else ""
         share = self.saved / self.total if self.total else 0.0
         return (f"{where}{self.equations} known equations stay in the program: folding them would save "
-                f"{self.saved:.3g} of {self.total:.3g} estimated per-call cost ({share:.1%}), "
+                f"{self.saved:.3g} s of {self.total:.3g} s estimated per call ({share:.1%}), "
                 "under FoldOptions.min_gain")
 
 
@@ -42,7 +43,7 @@ class FoldStats:
     hoisted: Counter = dataclasses.field(default_factory=Counter)
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
-    flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._fold._flops)
+    flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._fold._cost)
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
     collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
     unfolded: list = dataclasses.field(default_factory=list)  # of Unfolded

@@ -1,9 +1,7 @@
-"""What a fold reports, and what folding some inputs would remove.
+"""What a fold reports.
 
 ``_report`` builds a ``FoldReport`` from the ``FoldStats`` a fold counted
-and its residual program, in one place (``str``, HTML and Graphviz views);
-``_estimates`` estimates, before any fold, the FLOPs per call that folding
-some inputs would remove, and how to fold them (``auto``'s promotions).
+and its residual program, in one place (``str``, HTML and Graphviz views).
 
 Imports: ``_fold`` and ``_compat``.
 """

@@ -20,7 +20,7 @@ from typing import Any
 from jax.extend.core import Literal
 
 from .._compat import drop_var
-from .._fold._flops import jaxpr_flops
+from .._fold._cost import jaxpr_flops
 from .._fold._batch import nbytes
 from .._fold._stats import FoldStats
 from .._fold._stats import label as eqn_label
@@ -70,7 +70,7 @@ class FoldReport:
       eager_evaluations: equations evaluated at once on their known inputs
         because their primitive's abstract evaluation failed (its ``impl``
         gave the output types), by primitive; also counted in ``folded``.
-      flops_folded: estimated FLOPs of the folded equations (`pejit._fold._flops`),
+      flops_folded: estimated FLOPs of the folded equations (`pejit._fold._cost`),
         counted as they were folded.
       collapsed: regions of the residual program affine in the dynamic
         inputs that were replaced by one matrix and one offset per output
@@ -185,7 +185,7 @@ class FoldReport:
 
     @property
     def flops_removed(self) -> float:
-        """Estimated FLOPs per call of the folded equations (see `pejit._fold._flops`)."""
+        """Estimated FLOPs per call of the folded equations (see `pejit._fold._cost`)."""
         return self.flops_folded
 
     @functools.cached_property

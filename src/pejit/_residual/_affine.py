@@ -25,20 +25,13 @@ import numpy as np
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from .._fold._batch import nbytes
-from .._fold._flops import eqn_flops
+from .._fold import _cost
+from .._fold._cost import eqn_flops
 from .rules.affine import ADDITIVE, affine_rules, register_affine_rule
 
 #: Kinds of residual values: computed from folded constants alone, affine in
 #: the dynamic inputs (the inputs themselves included), anything else.
 CONST, AFFINE, OTHER = "const", "affine", "other"
-
-#: The fixed cost per call of one more kernel, in the cost model's units
-#: (FLOPs, bytes read): on a CPU, XLA runs each product as a kernel of its
-#: own, for a microsecond or two (measured on TFC's ODE: a 100x29 float64
-#: matrix-vector product costs about as much again to launch as to compute).
-KERNEL = 5000.0
-
 
 def _real(aval) -> bool:
     # jax.dtypes', not NumPy's: extended dtypes (PRNG keys) are no NumPy type;
@@ -214,20 +207,9 @@ def size(v) -> int:
     return math.prod(v.aval.shape)
 
 
-def _matrix_cost(v, n_in: int, shifted: set[Any]) -> tuple[float, int]:
-    """``(FLOPs per call, bytes stored)`` of computing ``v`` as ``M @ sources + c``."""
-    n_out = size(v)
-    offset = n_out if v in shifted else 0
-    return 2 * n_out * n_in + offset, (n_out * n_in + offset) * np.dtype(v.aval.dtype).itemsize
-
-
-def _eqn_cost(eqn, kinds) -> float:
-    """Per-call cost of an equation: FLOPs plus bytes of known operands read
-    (a matrix-vector product is bound by reading its matrix), plus `KERNEL`
-    for a product (XLA fuses elementwise equations and data movement into
-    their consumers, but runs each product as a kernel of its own)."""
-    read = sum(nbytes(a.aval) for a in eqn.invars if isinstance(a, _compat.Var) and kinds[a] == CONST)
-    return eqn_flops(eqn) + read + (KERNEL if eqn.primitive is P.dot_general_p else 0.0)
+def _matrix_cost(v, n_in: int, shifted: set[Any]) -> tuple[_cost.Cost, int]:
+    """``(per-call cost, bytes stored)`` of computing ``v`` as ``M @ sources + c``."""
+    return _cost.matrix_cost(size(v), n_in, v in shifted, np.dtype(v.aval.dtype).itemsize)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,14 +218,14 @@ class Plan:
 
     region: Region  # narrowed to what computes the chosen values
     removed: int  # equations no longer computed
-    before: float  # their cost
-    after: float  # the matrices' cost
+    before: _cost.Cost  # their cost per call
+    after: _cost.Cost  # the matrices' cost per call
     flops_before: float
     flops_after: float
     stored: int
 
 
-def plan_cut(jaxpr, region: Region, kinds, shifted: set[Any]) -> Plan:
+def plan_cut(jaxpr, region: Region, kinds, shifted: set[Any], eqn_costs: Sequence[_cost.Cost]) -> Plan:
     """The cheapest values of ``region`` to compute as matrix products.
 
     Collapsing the values the rest of the program reads is not always the
@@ -256,16 +238,16 @@ def plan_cut(jaxpr, region: Region, kinds, shifted: set[Any]) -> Plan:
     equation on its inputs' cheapest forms (a tree estimate, which counts a
     shared input once per use); the cut is then read off from the values
     the program reads, and costed exactly (an equation once), against
-    collapsing those values alone.
+    collapsing those values alone. ``eqn_costs`` are the program's equations'
+    (:func:`pejit._fold._cost.costs`), compared in seconds.
     """
     producer = {v: i for i in region.eqns for v in jaxpr.eqns[i].outvars}
     n_in = {v: sum(map(size, srcs)) for v, srcs in region.deps.items()}
 
     def as_matrix(v) -> float:
-        flops, stored = _matrix_cost(v, n_in[v], shifted)
-        return flops + stored + KERNEL
+        return _matrix_cost(v, n_in[v], shifted)[0].seconds()
 
-    cost = {i: _eqn_cost(jaxpr.eqns[i], kinds) for i in region.eqns}
+    cost = {i: eqn_costs[i].seconds() for i in region.eqns}
     best: dict[Any, float] = {}
     matrix: set[Any] = set()
     for i in region.eqns:
@@ -303,12 +285,13 @@ def plan_cut(jaxpr, region: Region, kinds, shifted: set[Any]) -> Plan:
         sources = sorted(set().union(*root_sources.values()), key=rank.__getitem__)
         region = Region(sorted(inside), cut, sources, root_sources, region.deps)
     matrices = [_matrix_cost(v, n_in[v], shifted) for v in cut]
+    after = sum((c for c, _ in matrices), _cost.ZERO)
     return Plan(
         region, len(removed),
-        before=sum(cost[i] for i in removed),
-        after=sum(map(as_matrix, cut)),
+        before=sum((eqn_costs[i] for i in removed), _cost.ZERO),
+        after=after,
         flops_before=sum(eqn_flops(jaxpr.eqns[i]) for i in removed),
-        flops_after=sum(f for f, _ in matrices),
+        flops_after=after.flops,
         stored=sum(b for _, b in matrices),
     )
 

@@ -51,12 +51,8 @@ from .._fold import _batch, _device
 from . import _linear
 from ._affine import CONST, Region, classify, offsets, plan_cut, regions, size
 from .._fold._batch import nbytes
-from .._fold._flops import eqn_flops
-
-#: A collapse must bring the per-call cost (FLOPs plus bytes read) of its
-#: region down to this fraction at least: the estimate is rough, and the
-#: fold-time work of building the matrix must be worth it.
-PAYS = 0.75
+from .._fold import _cost
+from .._fold._cost import eqn_flops
 
 # The most FLOPs building one region's matrix may take (its inputs times the
 # region's FLOPs per call) are the device's (pejit._fold._device): by jax.jvp,
@@ -80,7 +76,7 @@ class Collapse:
       eqns: equations of the region.
       inputs: elements of the dynamic values the region reads.
       outputs: elements of the values it produces for the rest of the program.
-      flops_before: estimated FLOPs per call of the region (`pejit._fold._flops`).
+      flops_before: estimated FLOPs per call of the region (`pejit._fold._cost`).
       flops_after: FLOPs per call of its matrices and offsets.
       bytes_stored: bytes of the matrices and offsets.
     """
@@ -224,7 +220,7 @@ def _jacobian(
     :mod:`pejit._residual._linear` first; a region they do not cover is evaluated
     with ``jax.jvp``, op by op where that is cheaper than compiling (a
     region of a thousand equations under ``jvp`` takes seconds to compile;
-    see :func:`_compile_pays`) or ``backend`` (``FoldOptions.backend``) says
+    see :func:`pejit._fold._cost.build_compiles`) or ``backend`` (``FoldOptions.backend``) says
     so. In a folding program (abstract constants) the build is one equation
     of the primitive ``staged`` (:data:`affine_matrices_p` or
     :data:`host_affine_matrices_p`).
@@ -234,7 +230,7 @@ def _jacobian(
         built = staged.bind(*consts, build=build)
     elif backend != "compiled" and (built := build.on_host(consts)) is not None:
         pass
-    elif backend == "compiled" or backend == "auto" and _compile_pays(sub):
+    elif backend == "compiled" or backend == "auto" and _cost.build_compiles(sub.eqns):
         built = jax.jit(build.by_jvp)(*consts)
     else:
         # Op by op, as a folding batch: the tangents and batches of the
@@ -243,19 +239,6 @@ def _jacobian(
         closed = jax.make_jaxpr(build.by_jvp)(*consts)
         built = _batch.evaluate_jaxpr(closed, consts, backend)
     return list(zip(built[::2], built[1::2]))
-
-
-def _compile_pays(sub) -> bool:
-    """Whether one compiled program builds the matrix sooner than op by op.
-
-    Op by op, each distinct primitive and shape is compiled once (for the
-    tangents and the batch too: about three programs each), which pays
-    where a large region repeats a few equations (a TFC operator) and not
-    for a short one (a ridge loss's solve): there one program costs less.
-    """
-    distinct = {(e.primitive, tuple(getattr(a, "aval", None) for a in e.invars)) for e in sub.eqns}
-    one_program = _batch.COMPILE_SECONDS + 3 * _batch.COMPILE_SECONDS_PER_EQN * len(sub.eqns)
-    return one_program < 3 * _batch.COMPILE_SECONDS * len(distinct)
 
 
 def _peak_bytes(jaxpr, kinds) -> int:
@@ -291,8 +274,8 @@ def collapse(
     """Collapse the affine regions of ``jaxpr`` (open: its leading inputs are ``consts``) where it pays.
 
     A region is collapsed when its matrices and offsets take at most
-    ``max_bytes``, applying them costs at most `PAYS` of the region per
-    call (so never when its dynamic inputs are large: the matrix grows with
+    ``max_bytes``, applying them pays per call (:func:`pejit._fold._cost.collapse_pays`:
+    never when its dynamic inputs are large, since the matrix grows with
     them), and building them at most the device's ``build_flops``
     (``host_build_flops`` when the host builds them). Returns the new jaxpr (open, with its constants)
     and what was collapsed; dead equations and constants are left for
@@ -301,26 +284,10 @@ def collapse(
     n = len(consts)
     kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
     shifted = offsets(jaxpr, kinds)
-    staged = any(isinstance(c, _compat.Tracer) for c in consts)
-    device = _device.current()
-    chosen = []
-    for plan in (plan_cut(jaxpr, region, kinds, shifted) for region in regions(jaxpr, kinds)):
-        region = plan.region
-        inputs = sum(map(size, region.sources))
-        build = inputs * sum(eqn_flops(jaxpr.eqns[i]) for i in region.eqns)
-        # or the host builds it (nothing compiled), for every value: a folding
-        # program then stages the build as host_affine_matrices (see there)
-        on_host = (build > device.build_flops and build <= device.host_build_flops and backend != "compiled"
-                   and _linear.covers(jaxpr.eqns[i] for i in region.eqns))
-        affordable = build <= device.build_flops or on_host
-        # zero-size sources or roots: nothing to collapse (and no columns to build)
-        if inputs and all(map(size, region.roots)) and plan.stored <= max_bytes and plan.after <= PAYS * plan.before and affordable:
-            chosen.append((region, on_host, Collapse(
-                plan.removed, inputs, sum(map(size, region.roots)),
-                plan.flops_before, plan.flops_after, plan.stored,
-            )))
+    chosen = list(_chosen(jaxpr, kinds, shifted, max_bytes, backend))
     if not chosen:
         return jaxpr, list(consts), []
+    staged = any(isinstance(c, _compat.Tracer) for c in consts)
     subs = [_sub_jaxpr(jaxpr, n, region, kinds) for region, _, _ in chosen]
     index = {v: i for i, v in enumerate(jaxpr.invars[:n])}
     batches = [max(1, min(c.inputs, BUILD_BYTES // max(1, _peak_bytes(sub, kinds))))
@@ -363,4 +330,32 @@ def collapse(
     return out, [*consts, *new_consts], [c for _, _, c in chosen]
 
 
-__all__ = ["Collapse", "collapse"]
+def _chosen(jaxpr, kinds: dict, shifted: set, max_bytes: int, backend: str):
+    """``(region, on_host, Collapse)`` of each region of ``jaxpr`` worth collapsing
+    (see :func:`collapse`), its values' ``kinds`` and ``shifted`` ones given."""
+    device = _device.current()
+    eqn_costs = _cost.costs(jaxpr.eqns)
+    for plan in (plan_cut(jaxpr, region, kinds, shifted, eqn_costs) for region in regions(jaxpr, kinds)):
+        region = plan.region
+        inputs = sum(map(size, region.sources))
+        build = inputs * sum(eqn_flops(jaxpr.eqns[i]) for i in region.eqns)
+        # or the host builds it (nothing compiled), for every value: a folding
+        # program then stages the build as host_affine_matrices (see there)
+        on_host = (build > device.build_flops and build <= device.host_build_flops and backend != "compiled"
+                   and _linear.covers(jaxpr.eqns[i] for i in region.eqns))
+        affordable = build <= device.build_flops or on_host
+        # zero-size sources or roots: nothing to collapse (and no columns to build)
+        if (inputs and all(map(size, region.roots)) and plan.stored <= max_bytes and affordable
+                and _cost.collapse_pays(plan.before, plan.after)):
+            yield region, on_host, Collapse(plan.removed, inputs, sum(map(size, region.roots)),
+                                            plan.flops_before, plan.flops_after, plan.stored)
+
+
+def collapsible(jaxpr, n: int, max_bytes: int, backend: str = "auto") -> bool:
+    """Whether :func:`collapse` would collapse a region of ``jaxpr`` (open, its first ``n``
+    inputs the constants), judged before any constant is known."""
+    kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
+    return any(True for _ in _chosen(jaxpr, kinds, offsets(jaxpr, kinds), max_bytes, backend))
+
+
+__all__ = ["Collapse", "collapse", "collapsible"]

@@ -7,10 +7,21 @@ the known work in each branch is hoisted out and folded.
 from __future__ import annotations
 
 import numpy as np
+from jax.extend.core import Literal
+from jax.extend.core import primitives as P
 
 from ... import _compat
+from ..._fold import _cost, _known
 from ..._fold._folding import Folder, NeedsValue, replay
 from ._hoist import hoist_consts
+
+
+@_known.register_saving_rule(P.cond_p)
+def known_index_saving(eqn, known: set, producers: dict, nested: bool) -> _cost.Cost:
+    """What :func:`fold_cond` saves a call where the index is known: the ``cond`` itself
+    (the branch runs inline, where XLA runs a conditional as a kernel of its own)."""
+    index = eqn.invars[0]
+    return _cost.Cost(kernels=1.0) if isinstance(index, Literal) or index in known else _cost.ZERO
 
 
 def fold_cond(folder: Folder, trace, prim, args, params):

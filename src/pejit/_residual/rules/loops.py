@@ -37,7 +37,7 @@ from jax.extend.core import ClosedJaxpr
 
 from ... import _compat
 from ..._fold._batch import nbytes
-from ..._fold._flops import eqn_cost, jaxpr_cost
+from ..._fold import _cost
 from ..._fold._folding import Folder, NeedsValue
 from ..._fold._primitives import custom_calls, subjaxprs
 from ._hoist import hoist_consts
@@ -82,9 +82,9 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     xs_uk = [not folder.is_known(x) for x in xs]
     if (all(carry_uk) and all(xs_uk)) or body.effects:
         return None
-    gain = folder.options.min_gain * jaxpr_cost(body)
+    total, min_gain = _cost.jaxpr_cost(body), folder.options.min_gain
     varying = _known_varying_cost(body.jaxpr, const_uk, carry_uk, xs_uk)
-    if varying is not None and varying < gain:
+    if varying is not None and not _cost.fold_pays(varying, total, min_gain):
         # decided before partial evaluation, which costs a second on an MJX step
         folder.stats.staged["scan (known part too small to split)"] += 1
         return None
@@ -108,7 +108,8 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     if length * sum(nbytes(a) for a in res_avals) > folder.options.loop_residual_bytes:
         folder.stats.staged["scan (residual budget)"] += 1
         return None
-    if _varying_cost(jk.jaxpr, [i >= n_known_consts for i in range(len(jk.in_avals))]) < gain:
+    if not _cost.fold_pays(_varying_cost(jk.jaxpr, [i >= n_known_consts for i in range(len(jk.in_avals))]), total,
+                           min_gain):
         # the known loop would carry its results into the residual loop as
         # stacked inputs, for less work than the fold must save (FoldOptions.min_gain)
         folder.stats.staged["scan (known part too small to split)"] += 1
@@ -140,7 +141,7 @@ def _split_scan(folder: Folder, trace, prim, args, params, n_known_consts: int):
     return _merge(out_uk, known_outs, unknown_outs)
 
 
-def _varying_cost(jaxpr, varying: Sequence[bool]) -> float:
+def _varying_cost(jaxpr, varying: Sequence[bool]) -> _cost.Cost:
     """The cost of the equations of ``jaxpr`` that read, through others, an input marked ``varying``.
 
     In a scan's known part, the work on known carries or scanned inputs,
@@ -151,15 +152,15 @@ def _varying_cost(jaxpr, varying: Sequence[bool]) -> float:
     for 0.2% of its work).
     """
     live = {v for v, m in zip(jaxpr.invars, varying) if m}
-    cost = 0.0
-    for eqn in jaxpr.eqns:
+    cost = _cost.ZERO
+    for eqn, eqn_cost in zip(jaxpr.eqns, _cost.costs(jaxpr.eqns)):
         if any(isinstance(v, _compat.Var) and v in live for v in eqn.invars):
             live.update(eqn.outvars)
-            cost += eqn_cost(eqn)
+            cost += eqn_cost
     return cost
 
 
-def _known_varying_cost(jaxpr, const_uk: list[bool], carry_uk: list[bool], xs_uk: list[bool]) -> float | None:
+def _known_varying_cost(jaxpr, const_uk: list[bool], carry_uk: list[bool], xs_uk: list[bool]) -> _cost.Cost | None:
     """:func:`_varying_cost` of a scan body's known part, found without partial evaluation.
 
     Known is what reads no unknown input, carries that stay known on every
@@ -168,12 +169,13 @@ def _known_varying_cost(jaxpr, const_uk: list[bool], carry_uk: list[bool], xs_uk
     values both: the known part inside it is partial evaluation's to find.
     """
     n_consts, n_carry = len(const_uk), len(carry_uk)
+    eqn_costs = _cost.costs(jaxpr.eqns)
     for _ in range(1 + n_carry):  # each round makes at least one carry unknown
         ins = const_uk + carry_uk + xs_uk
         unknown = {v for v, uk in zip(jaxpr.invars, ins) if uk}
         varying = {v for v, uk in zip(jaxpr.invars[n_consts:], ins[n_consts:]) if not uk}
-        cost = 0.0
-        for eqn in jaxpr.eqns:
+        cost = _cost.ZERO
+        for eqn, eqn_cost in zip(jaxpr.eqns, eqn_costs):
             reads = [v for v in eqn.invars if isinstance(v, _compat.Var)]
             if any(v in unknown for v in reads):
                 if any(v in varying for v in reads) and any(subjaxprs(eqn.params)):
@@ -181,7 +183,7 @@ def _known_varying_cost(jaxpr, const_uk: list[bool], carry_uk: list[bool], xs_uk
                 unknown.update(eqn.outvars)
             elif any(v in varying for v in reads):
                 varying.update(eqn.outvars)
-                cost += eqn_cost(eqn)
+                cost += eqn_cost
         out_uk = [isinstance(v, _compat.Var) and v in unknown for v in jaxpr.outvars[:n_carry]]
         if all(a or not b for a, b in zip(carry_uk, out_uk)):
             return cost

@@ -29,6 +29,7 @@ from jax import lax
 from jax.extend.core import primitives as P
 
 from ... import _compat
+from ..._fold import _cost, _known
 from ..._fold._folding import Folder
 
 
@@ -58,12 +59,47 @@ def _reassociate(folder: Folder, trace, args, params):
     if d is None or _options(params) != _options(v.parent.params):  # the same precision
         return NotImplemented
     (m, k), n = jnp.shape(c), jnp.shape(d)[1]
-    if m * n > m * k + k * n:
+    if not _cost.reassociation_pays(m, k, n):
         return NotImplemented
     folder.stats.staged["dot_general (reassociated)"] += 1
     with trace.as_current():
         cd = lax.dot_general(c, d, (((1,), (0,)), ((), ())), **_options(params))
         return lax.dot_general(cd, z, (((1,), (0,)), ((), ())), **_options(params))
+
+
+@_known.register_saving_rule(P.dot_general_p)
+def reassociation_saving(eqn, known: set, producers: dict, nested: bool) -> _cost.Cost:
+    """What :func:`_reassociate` saves a call on a product ``eqn`` of a jaxpr not folded yet."""
+    c, v = _matrix_vector_vars(eqn, known)
+    producer = producers.get(v) if nested and c is not None else None
+    if producer is None or producer.primitive is not P.dot_general_p or _options(eqn.params) != _options(
+            producer.params):
+        return _cost.ZERO
+    d, _ = _matrix_vector_vars(producer, known)
+    if d is None:
+        return _cost.ZERO
+    (m, k), n = c, d[1]
+    if not _cost.reassociation_pays(m, k, n):
+        return _cost.ZERO
+    itemsize = eqn.outvars[0].aval.dtype.itemsize
+    before = _cost.Cost(flops=2 * (m * k + k * n), bytes=(m * k + k * n) * itemsize, kernels=2.0)
+    return before - _cost.matrix_cost(m, n, False, itemsize)[0]
+
+
+def _matrix_vector_vars(eqn, known: set) -> tuple:
+    """``((rows, cols), v)``: the shape of the known matrix ``C`` and the unknown vector
+    ``v`` of a product ``eqn`` that is ``C @ v`` (as :func:`matrix_vector` reads one); else Nones."""
+    (contract, batch) = eqn.params["dimension_numbers"]
+    if batch != ((), ()):
+        return None, None
+    for side in (0, 1):
+        c, v = eqn.invars[side], eqn.invars[1 - side]
+        if (isinstance(v, _compat.Literal) or v in known or not (isinstance(c, _compat.Literal) or c in known)
+                or c.aval.ndim != 2 or v.aval.ndim != 1):
+            continue
+        rows, cols = c.aval.shape
+        return ((rows, cols) if contract[side] == (1,) else (cols, rows)), v
+    return None, None
 
 
 def _options(params: dict) -> dict:

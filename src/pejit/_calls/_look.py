@@ -1,0 +1,152 @@
+"""Look before folding: whether a call's fold can pay, judged from ``jax.jit``'s own trace.
+
+A fold costs a trace of the program under the folding policy, the
+evaluation of its known work, and a folding program; a user who swaps
+``jax.jit`` for pejit pays that on every program, whether or not anything
+worth keeping folds. So a specialization starts as ``jax.jit`` starts: it
+traces the function with the constant arrays abstract, to a jaxpr that
+takes them as its leading inputs (:func:`trace`), and asks the cost model
+what folding them would save per call (:func:`pejit._fold._known.known_work`,
+and whether a region affine in the dynamic inputs would collapse:
+:func:`pejit._residual._collapse.collapsible`) before any constant work is
+evaluated or any folding program compiled (:func:`look`).
+
+Where the fold cannot pay, the specialization runs that jaxpr with the
+constants as arguments (:func:`pejit._calls._specializer.unfolded_program`):
+the call costs ``jax.jit``'s trace and compile, and its report says why.
+Where it can, the fold replays the jaxpr rather than tracing the function's
+Python again. A trace that needs constant values (Python control flow on
+them) has no jaxpr: only a fold with concrete constants runs such a
+function (:class:`~pejit._calls._program.PerValue`), and nothing is left to
+decide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.extend.core import ClosedJaxpr
+
+from .. import _compat
+from .._fold import _known
+from .._fold._options import FoldOptions
+from .._fold._primitives import subjaxprs
+from .._fold._staging import ClosedOverTracer
+from .._residual._collapse import collapsible
+from ._keys import is_array
+from ._program import PerValue, why_per_value
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """The function traced as ``jax.jit`` traces it: ``jaxpr`` takes the constant array
+    leaves, then the dynamic leaves; ``out_tree`` is its output's structure."""
+
+    jaxpr: ClosedJaxpr
+    out_tree: Any
+    arrays: int  # how many leading inputs are constant arrays
+
+
+def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any]) -> Traced | PerValue:
+    """The function (``bind(const_vals, in_tree, out_trees)``, a function of the flat
+    dynamic leaves) traced with its constant arrays abstract, or why each value must be
+    traced concretely (the trace needs their values).
+
+    Any failure counts, since JAX reports a missing value in many ways
+    (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
+    ``IndexError`` for slices) and so may user code checking values; the
+    concrete trace then raises the function's real errors. So does a program
+    that :func:`~pejit._calls._program.why_per_value` rejects (a custom rule or
+    callback closing over a constant would see the trace's tracer).
+    """
+    is_arrays = [is_array(leaf) for leaf in const_leaves]
+    arrays = [leaf for leaf, a in zip(const_leaves, is_arrays) if a]
+    statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
+    out_trees: list = []
+    traces: list = []
+
+    def plain(*leaves):
+        traces.append(weakref.ref(_compat.core_trace()))
+        it = iter(leaves[: len(arrays)])
+        vals = jax.tree_util.tree_unflatten(const_tree, [next(it) if a else s for s, a in zip(statics, is_arrays)])
+        return bind(vals, in_tree, out_trees)(*leaves[len(arrays):])
+
+    try:
+        structs = [_struct(jax.typeof(a)) for a in arrays] + [_struct(a) for a in avals]
+        closed = jax.make_jaxpr(plain)(*structs)
+    except ClosedOverTracer:  # no value would help
+        raise
+    except Exception as e:  # noqa: BLE001 -- see above
+        first_line = (str(e).splitlines() or [""])[0]
+        return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})")
+    reason = why_per_value(closed.jaxpr, traces)
+    if reason is not None:
+        return PerValue(reason)
+    return Traced(closed, out_trees[-1], len(arrays))
+
+
+def _struct(aval) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+
+
+@dataclasses.dataclass(frozen=True)
+class Look:
+    """What a look at a traced function found: its known ``work``, and whether folding
+    it ``pays``."""
+
+    traced: Traced
+    work: _known.KnownWork
+    pays: bool
+
+
+def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
+    """Whether folding the constants of ``traced`` can pay per call.
+
+    Unless ``jitted`` (``pe``, whose residual runs equation by equation), any
+    known equation pays: each is a dispatch a call saves. A compiled program
+    can fold where the known work saves enough of a call
+    (:meth:`pejit._fold._known.KnownWork.pays`, at ``FoldOptions.min_gain``) or a
+    region affine in the dynamic inputs would collapse. Some programs are folded
+    whatever the estimate says: one whose known work includes a primitive that
+    cannot be compiled (it must be evaluated), and one that calls custom rules on
+    constants (their Python, which the estimate cannot read, may hold the work:
+    a derivative's backward rule, say).
+    """
+    jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)  # what the traced program closes over, known too
+    n = len(consts) + traced.arrays
+    known = [i < n for i in range(len(jaxpr.invars))]
+    work = _known.known_work(jaxpr, known, lazy=options.rematerialize, ratio=options.expansion_ratio,
+                             min_bytes=options.expansion_min_bytes)
+    pays = (not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded))
+            or not _lowerable(jaxpr) or _calls_rules(jaxpr)
+            or options.affine and collapsible(jaxpr, n, options.affine_max_bytes))
+    return Look(traced, work, pays)
+
+
+def _lowerable(jaxpr) -> bool:
+    """Whether every primitive of ``jaxpr`` (its sub-programs' too) compiles on this backend."""
+    platform = jax.default_backend()
+    return all(_compat.has_lowering(e.primitive, platform) and all(map(_lowerable_sub, subjaxprs(e.params)))
+               for e in jaxpr.eqns)
+
+
+def _lowerable_sub(sub) -> bool:
+    return _lowerable(getattr(sub, "jaxpr", sub))
+
+
+#: Primitives whose rules are Python functions a jaxpr does not show: a
+#: ``custom_lin`` (what differentiating a ``custom_vjp`` call leaves) runs a
+#: backward rule, whose work on constants the estimate cannot see.
+_OPAQUE = frozenset(["custom_lin"])
+
+
+def _calls_rules(jaxpr) -> bool:
+    return any(e.primitive.name in _OPAQUE or any(_calls_rules(getattr(s, "jaxpr", s)) for s in subjaxprs(e.params))
+               for e in jaxpr.eqns)
+
+
+__all__ = ["Look", "Traced", "look", "trace"]

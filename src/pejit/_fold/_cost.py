@@ -1,0 +1,462 @@
+"""The cost model: what a program costs, and whether each of pejit's transformations pays.
+
+pejit changes a program only where that makes it cheaper, and every such
+decision is a function here, weighing one measure: :class:`Cost`, per
+equation, from a rule per primitive (:func:`register_cost_rule`). A cost is
+what an equation does per call (FLOPs, bytes it reads from memory, kernels it
+launches on their own, library calls among them); the profile of the device
+the program runs on (:mod:`pejit._fold._device`) turns it into seconds.
+
+The decisions, and who asks:
+
+* :func:`fold_pays`: the folding trace, for the known work of a program or
+  of a loop body, branch or custom rule (``Folder``), and a scan's split
+  (``rules.loops``); and before anything is evaluated, on what
+  :func:`pejit._fold._known.known_work` reads off a jaxpr (a call's first
+  specialization, ``auto``'s promotions);
+* :func:`stays_lazy`, :func:`on_the_spot`: whether a known value is stored,
+  recomputed by the residual program, or computed at once;
+* :func:`run_compiles`, :func:`one_program_pays`, :func:`one_off`: how the
+  fold evaluates known work (op by op or compiled, and how hard XLA tries);
+* :func:`collapse_pays`, :func:`matrix_cost`, :func:`build_compiles`: the
+  affine collapse (``pejit._residual._collapse``); :func:`reassociation_pays`:
+  the products rule (``rules.products``);
+* :func:`compiled_in`: small folded constants compiled into the program;
+* :func:`promotion_pays`: ``constant_argnums="auto"``.
+
+Estimates are lower bounds where a primitive has no rule (it counts the
+bytes it reads only), good for comparing a program before and after a
+transformation, not for predicting wall-clock times. XLA's own cost analysis
+needs a program it can lower and counts LAPACK custom calls as free, which
+is exactly the work pejit folds.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+from jax.extend.core import Literal
+from jax.extend.core import primitives as P
+
+from .. import _compat
+from . import _device
+from ._primitives import ELEMENTWISE, FUSES_OPERANDS, called_jaxpr
+from ._values import nbytes
+
+
+class Cost(NamedTuple):
+    """What running some equations costs per call.
+
+    ``kernels`` counts the kernels XLA runs on their own (a product, a LAPACK
+    or FFT call: never fused with their neighbours); ``library`` those of them
+    that are library calls, which XLA never moves out of a loop (it hoists
+    loop-invariant arithmetic and products, but not a custom call).
+    """
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    kernels: float = 0.0
+    library: float = 0.0
+
+    def __add__(self, other: Cost) -> Cost:  # type: ignore[override]
+        return Cost(self.flops + other.flops, self.bytes + other.bytes, self.kernels + other.kernels,
+                    self.library + other.library)
+
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(self.flops - other.flops, self.bytes - other.bytes, self.kernels - other.kernels,
+                    self.library - other.library)
+
+    def __mul__(self, times: float) -> Cost:  # type: ignore[override]
+        return Cost(self.flops * times, self.bytes * times, self.kernels * times, self.library * times)
+
+    def seconds(self, device: _device.DeviceProfile | None = None) -> float:
+        """An estimate of the time a call spends on this work, on ``device`` (the current one)."""
+        d = device or _device.current()
+        return self.flops / d.flops_per_second + self.bytes / d.bytes_per_second + self.kernels * d.kernel_seconds
+
+    def invariant(self, trips: int) -> Cost:
+        """This work, loop-invariant in a body run ``trips`` times a call: XLA computes it
+        once, but for its library calls, which run on every trip."""
+        return Cost(self.flops, self.bytes, self.kernels + (trips - 1) * self.library, self.library * trips)
+
+
+ZERO = Cost()
+
+#: ``rule(eqn) -> Cost``: the FLOPs and kernels of one equation (the walk adds the bytes it reads).
+CostRule = Callable[[Any], Cost]
+cost_rules: dict[Any, CostRule] = {}
+
+
+def register_cost_rule(*prims) -> Callable[[CostRule], CostRule]:
+    """Register ``rule`` as the cost of each primitive in ``prims`` (one rule a primitive)."""
+
+    def register(rule: CostRule) -> CostRule:
+        for prim in prims:
+            cost_rules[prim] = rule
+        return rule
+
+    return register
+
+
+class Typed(NamedTuple):
+    """A value as an equation's operand reads it: its type (a jaxpr's ``Var`` has one too)."""
+
+    aval: Any
+
+
+class Eqn(NamedTuple):
+    """An equation not built yet (a recipe of the folding trace), as the rules read one."""
+
+    primitive: Any
+    invars: Sequence[Any]
+    outvars: Sequence[Any]
+    params: dict
+
+
+def eqn_of(prim, in_avals: Sequence[Any], out_avals: Sequence[Any], params: dict) -> Eqn:
+    """An :class:`Eqn` from its types."""
+    return Eqn(prim, [Typed(a) for a in in_avals], [Typed(a) for a in out_avals], params)
+
+
+def _rule_cost(eqn) -> Cost:
+    rule = cost_rules.get(eqn.primitive)
+    return rule(eqn) if rule is not None else ZERO
+
+
+def costs(eqns: Iterable[Any]) -> list[Cost]:
+    """The cost of each of ``eqns``, a program's equations in order (or equations not
+    built yet, :class:`Eqn`), the bytes each reads included.
+
+    An equation reads from memory every operand of its own when it cannot fuse
+    its producers (``FUSES_OPERANDS``: a product, a library call, a loop), and
+    otherwise only the operands that are in memory: the program's inputs and
+    constants, and the outputs of equations XLA runs on their own. A chain of
+    elementwise work on one array reads it once, as XLA fuses it.
+    """
+    eqns = list(eqns)
+    fused = {id(v) for e in eqns if e.primitive in FUSES_OPERANDS for v in e.outvars}
+    out = []
+    for e in eqns:
+        operands = [a for a in e.invars if not isinstance(a, Literal)]
+        if e.primitive in FUSES_OPERANDS:
+            operands = [a for a in operands if id(a) not in fused]
+        out.append(_rule_cost(e) + Cost(bytes=sum(nbytes(a.aval) for a in operands)))  # a loop's rule counts its body's
+    return out
+
+
+def program_cost(eqns: Iterable[Any]) -> Cost:
+    """The cost of running ``eqns`` once (see :func:`costs`)."""
+    return sum(costs(eqns), ZERO)
+
+
+def jaxpr_cost(jaxpr) -> Cost:
+    """The cost of one evaluation of ``jaxpr`` (open or closed).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> cj = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 3)), jnp.ones((3, 4)))
+      >>> jaxpr_cost(cj)
+      Cost(flops=48.0, bytes=72.0, kernels=1.0, library=0.0)
+    """
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    cost = _jaxpr_costs.get(jaxpr)
+    if cost is None:
+        cost = _jaxpr_costs[jaxpr] = program_cost(jaxpr.eqns)
+    return cost
+
+
+#: Costs by jaxpr (immutable; held weakly): each call of a ``jnp`` function on
+#: the same types binds the same body, which the folding trace costs each time.
+_jaxpr_costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def eqn_flops(eqn) -> float:
+    """Estimated FLOPs of one equation (0 where no rule knows it): what reports count."""
+    return _rule_cost(eqn).flops
+
+
+def jaxpr_flops(jaxpr) -> float:
+    """Estimated FLOPs of one evaluation of ``jaxpr`` (open or closed).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> cj = jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 3)), jnp.ones((3, 4)))
+      >>> jaxpr_flops(cj)
+      48.0
+    """
+    return jaxpr_cost(jaxpr).flops
+
+
+# -- the rules ------------------------------------------------------------------------
+# Textbook counts for dense linear algebra, one operation per output element for
+# elementwise work; a call, a loop, a branch: what its body costs.
+
+def _size(v) -> int:
+    return math.prod(getattr(v.aval, "shape", ()))
+
+
+def _matrix(v) -> tuple[int, int, int]:
+    """(batch, rows, cols) of a batch of matrices."""
+    *batch, m, n = v.aval.shape
+    return math.prod(batch), m, n
+
+
+def _library(flops: float) -> Cost:
+    return Cost(flops=flops, kernels=1.0, library=1.0)
+
+
+@register_cost_rule(*ELEMENTWISE)
+def _elementwise(eqn) -> Cost:
+    return Cost(flops=sum(_size(v) for v in eqn.outvars))
+
+
+@register_cost_rule(
+    P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p, P.argmax_p, P.argmin_p,
+    P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p, P.cumlogsumexp_p,
+)
+def _reduction(eqn) -> Cost:
+    return Cost(flops=_size(eqn.invars[0]))
+
+
+@register_cost_rule(P.dot_general_p)
+def _dot_general(eqn) -> Cost:
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    lhs_shape = eqn.invars[0].aval.shape
+    k = math.prod(lhs_shape[d] for d in contract)
+    return Cost(flops=2 * _size(eqn.outvars[0]) * k, kernels=1.0)
+
+
+@register_cost_rule(P.cholesky_p)
+def _cholesky(eqn) -> Cost:
+    b, n, _ = _matrix(eqn.invars[0])
+    return _library(b * n**3 / 3)
+
+
+@register_cost_rule(P.lu_p)
+def _lu(eqn) -> Cost:
+    b, m, n = _matrix(eqn.invars[0])
+    k = min(m, n)
+    return _library(b * (m * n * k - (m + n) * k**2 / 2 + k**3 / 3) * 2)
+
+
+@register_cost_rule(P.triangular_solve_p)
+def _triangular_solve(eqn) -> Cost:
+    _, n, _ = _matrix(eqn.invars[0])
+    return _library(n * _size(eqn.invars[1]))  # n^2 per right-hand side
+
+
+@register_cost_rule(P.qr_p, P.householder_product_p)
+def _qr(eqn) -> Cost:
+    b, m, n = _matrix(eqn.invars[0])
+    return _library(b * 2 * n * n * (m - n / 3))
+
+
+@register_cost_rule(P.eigh_p, P.eig_p, P.svd_p, P.schur_p)
+def _eigen(eqn) -> Cost:
+    b, m, n = _matrix(eqn.invars[0])
+    return _library(b * 9 * max(m, n) * min(m, n) ** 2)  # Golub & Van Loan orders of magnitude
+
+
+@register_cost_rule(P.fft_p)
+def _fft(eqn) -> Cost:
+    n = math.prod(eqn.params["fft_lengths"])
+    return _library(5 * _size(eqn.invars[0]) * math.log2(max(n, 2)))
+
+
+@register_cost_rule(_compat.jit_p, P.closed_call_p, _compat.remat_p)
+def call_cost(eqn) -> Cost:
+    """A call's cost: its body's (pejit's own call primitives register it too)."""
+    sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    return jaxpr_cost(sub)
+
+
+@register_cost_rule(P.custom_jvp_call_p, P.custom_vjp_call_p)
+def _custom(eqn) -> Cost:
+    return jaxpr_cost(eqn.params["call_jaxpr"])
+
+
+@register_cost_rule(P.cond_p)
+def _cond(eqn) -> Cost:
+    return max((jaxpr_cost(b) for b in eqn.params["branches"]), key=seconds_of, default=ZERO)
+
+
+@register_cost_rule(P.scan_p)
+def _scan(eqn) -> Cost:
+    return jaxpr_cost(eqn.params["jaxpr"]) * eqn.params["length"]
+
+
+@register_cost_rule(P.while_p)
+def _while(eqn) -> Cost:
+    # The trip count is unknown here: one trip (a lower bound).
+    return jaxpr_cost(eqn.params["cond_jaxpr"]) + jaxpr_cost(eqn.params["body_jaxpr"])
+
+
+@register_cost_rule(P.linear_solve_p)
+def _linear_solve(eqn) -> Cost:
+    return jaxpr_cost(eqn.params["jaxprs"].solve)
+
+
+def seconds_of(cost: Cost) -> float:
+    return cost.seconds()
+
+
+# -- per call: does a transformation make the program cheaper? --------------------------
+
+def fold_pays(saved: Cost, total: Cost, min_gain: float) -> bool:
+    """Whether folding work that costs ``saved`` a call, of a program costing
+    ``total``, is worth it: it saves something, and at least ``min_gain``
+    (``FoldOptions.min_gain``) of the call.
+
+    A fold that saves nothing would still store its results for every call to
+    read (``jnp.ones(n)`` fed to a sparse product: the program generates it as
+    cheaply), and one that saves a sliver is paid for at every specialization.
+
+    Examples:
+      >>> fold_pays(Cost(flops=1e6), Cost(flops=1e7), min_gain=0.05)
+      True
+      >>> fold_pays(Cost(flops=1e4), Cost(flops=1e7), min_gain=0.05)
+      False
+      >>> fold_pays(ZERO, ZERO, min_gain=0.0)  # nothing saved: nothing stored
+      False
+    """
+    s = saved.seconds()
+    return s > 0 and s >= min_gain * total.seconds()
+
+
+def stays_lazy(in_bytes: int, out_bytes: int, ratio: float, min_bytes: int) -> bool:
+    """Whether an expansion of known values (a broadcast, an ``iota``, ...) stays in the
+    residual program, recomputed where XLA fuses it, rather than stored: its output is
+    over ``min_bytes`` and ``ratio`` times its inputs (``FoldOptions.expansion_*``)."""
+    return out_bytes > min_bytes and out_bytes > ratio * in_bytes
+
+
+#: Known results up to this size, on concrete inputs, are computed at once rather
+#: than deferred to a batch: Python often asks for them, and a batch of one costs
+#: more than the dispatch.
+ON_THE_SPOT_BYTES = 64
+
+
+def on_the_spot(out_bytes: int) -> bool:
+    """Whether known results of ``out_bytes`` are computed at once (see :data:`ON_THE_SPOT_BYTES`)."""
+    return out_bytes <= ON_THE_SPOT_BYTES
+
+
+#: A collapse must bring the per-call cost of its region down to this fraction at
+#: least: the estimate is rough, and building the matrix must be worth it.
+COLLAPSE_PAYS = 0.75
+
+
+def matrix_cost(n_out: int, n_in: int, offset: bool, itemsize: int) -> tuple[Cost, int]:
+    """``(per-call cost, bytes stored)`` of computing ``n_out`` values as ``M @ x (+ c)`` of ``n_in`` inputs."""
+    stored = (n_out * n_in + (n_out if offset else 0)) * itemsize
+    return Cost(flops=2 * n_out * n_in + (n_out if offset else 0), bytes=stored, kernels=1.0), stored
+
+
+def collapse_pays(before: Cost, after: Cost) -> bool:
+    """Whether matrices costing ``after`` a call replace a region costing ``before``."""
+    return after.seconds() <= COLLAPSE_PAYS * before.seconds()
+
+
+#: The most bytes of folded constants compiled into a program (as HLO constants: a
+#: second copy, and compile time that grows with them).
+INLINE_BYTES = 1 << 20
+
+
+def compiled_in(nbytes_total: int) -> bool:
+    """Whether folded constants of ``nbytes_total`` in all are compiled into the program,
+    as ``jax.jit`` compiles the arrays a function closes over (XLA specializes to their
+    values: gathers at known indices become slices, fewer buffers pass per call)."""
+    return nbytes_total <= INLINE_BYTES
+
+
+#: The default ``auto_min_flops``: promotion costs one fold and one compile (tens
+#: of milliseconds on a CPU), and removing 2e6 FLOPs per call saves about 0.2 ms a
+#: call there, so a promotion pays within a few hundred calls (docs/auto.md).
+PROMOTION_MIN_FLOPS = 2e6
+
+
+def promotion_pays(removed_flops: float, min_flops: float) -> bool:
+    """Whether ``auto`` promotes arguments whose fold removes ``removed_flops`` a call
+    (``auto_min_flops``, :data:`PROMOTION_MIN_FLOPS` by default)."""
+    return removed_flops >= min_flops
+
+
+def reassociation_pays(m: int, k: int, n: int) -> bool:
+    """Whether ``C @ (D @ z)``, ``C`` of ``m x k`` and ``D`` of ``k x n`` known, costs less
+    per call as ``(C @ D) @ z``: one product of ``m x n`` against two."""
+    return m * n <= m * k + k * n
+
+
+# -- once: how the fold evaluates known work ---------------------------------------------
+# Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a 50-equation
+# elementwise chain compiles in 0.1-0.3 s; one primitive on new types compiles in
+# 30-70 ms the first time a process evaluates it.
+
+#: Python dispatch of one primitive on cached executables.
+DISPATCH_SECONDS = 40e-6
+#: Compiling a program: a fixed cost, and a cost per equation.
+COMPILE_SECONDS = 0.05
+COMPILE_SECONDS_PER_EQN = 4e-3
+
+
+def run_compiles(equations: int, traffic: int, alike: int) -> bool:
+    """Whether a run of ``equations`` fusible known equations, which ``alike`` runs of
+    the same structure share (an unrolled loop's steps), is compiled as one program
+    rather than evaluated op by op: fusing saves a dispatch per equation and writing
+    and reading back ``traffic`` bytes of intermediates; it costs a compile."""
+    saved = equations * DISPATCH_SECONDS + traffic / _device.current().bandwidth
+    return saved * alike > COMPILE_SECONDS + equations * COMPILE_SECONDS_PER_EQN
+
+
+def one_program_pays(eqns: Sequence[Any]) -> bool:
+    """Whether ``eqns`` (flat: no staged batches), evaluated once in a fresh process,
+    cost less as one program than op by op.
+
+    Op by op, each distinct primitive on distinct types compiles a program of its own
+    the first time a process evaluates it; one program for all of them costs one
+    compile, growing with its size. Small folds of many distinct operations, as
+    ``cholesky(X.T @ X + lam * I)``, win by one program; long folds of few distinct
+    ones (an unrolled loop) lose.
+    """
+    distinct = {(e.primitive.name, tuple(v.aval for v in e.invars), tuple(v.aval for v in e.outvars))
+                for e in eqns}
+    one_program = COMPILE_SECONDS + sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
+    return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
+
+
+def _compiled_size(eqn) -> int:
+    """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
+    inner = called_jaxpr(eqn.primitive, eqn.params)
+    return 1 if inner is None else max(1, sum(map(_compiled_size, inner.eqns)))
+
+
+def build_compiles(eqns: Sequence[Any]) -> bool:
+    """Whether a collapse's matrix (built by ``jax.jvp`` of a region of ``eqns``, in
+    batches) is built by one compiled program rather than op by op: op by op, each
+    distinct primitive and type compiles about three programs (primal, tangent, batch)."""
+    distinct = {(e.primitive, tuple(getattr(a, "aval", None) for a in e.invars)) for e in eqns}
+    one_program = COMPILE_SECONDS + 3 * COMPILE_SECONDS_PER_EQN * len(eqns)
+    return one_program < 3 * COMPILE_SECONDS * len(distinct)
+
+
+#: The most work a folding program may do to be compiled without XLA's
+#: optimizations: it runs once per value, and unoptimized code at this size costs
+#: milliseconds, where the optimizations' passes cost seconds on a large program.
+ONE_OFF_SECONDS = 1e-2
+
+
+def one_off(program: Cost) -> bool:
+    """Whether a program run once per value, costing ``program``, is compiled at XLA's
+    lowest optimization level."""
+    return program.seconds() < ONE_OFF_SECONDS
+
+
+__all__ = [
+    "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
+    "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
+    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_off", "one_program_pays",
+    "program_cost", "promotion_pays", "reassociation_pays", "register_cost_rule", "run_compiles", "stays_lazy",
+]
