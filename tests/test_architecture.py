@@ -1,8 +1,8 @@
 """The layering of pejit's package, read from its source with ``ast``.
 
 * The package is stages, top to bottom (:data:`STAGES`): the public surface
-  in ``pejit/`` itself (the tools, then the API modules), one subpackage
-  per stage, and ``_compat``. A module imports only its own stage and the
+  in ``pejit/`` itself (the tools, then the API modules), and one
+  subpackage per stage, ``_compat`` last. A module imports only its own stage and the
   stages below it, and each subpackage's ``__init__`` says what the stage
   owns and which stages it imports.
 * No module is over 600 lines (one idea per module), and every module says
@@ -12,8 +12,14 @@
   a protocol both sides need lives below both (``_fold._policy``).
 * The API modules import each other only where one builds on another
   (:data:`BUILDS_ON`).
-* No chain of imports is longer than :data:`MAX_DEPTH` modules.
-* ``jax._src`` is imported only by ``_compat.py``, and only ``_compat.py``
+* No chain of imports is longer than :data:`MAX_DEPTH` modules. The rest
+  of the package imports ``_compat`` whole, never one of its private
+  modules, so the chain counts it as one module.
+* Only ``_compat`` uses JAX internals and tells JAX versions apart
+  (:func:`_jax_internals_used`): ``jax._src`` and ``jax.interpreters`` are
+  imported there only; no other module reads ``jax.__version__`` or
+  ``jaxlib.__version__`` or probes JAX for what it has (``hasattr`` on a
+  JAX module or class, an import of JAX tried); and only ``_compat``
   touches private attributes of JAX objects (``x._trace``, ``get_const``,
   ``debug_info._replace``): the staging trace (``_fold._staging``) is built
   on the names ``_compat`` exports.
@@ -38,7 +44,7 @@ TOOLS = {"pejit", "pejit.__main__", "pejit._demo", "pejit._xla_flags"}
 API = {"pejit._api", "pejit._jit", "pejit._tfc", "pejit._auto", "pejit._explain", "pejit._export"}
 
 #: The stages, top to bottom, as docs/how-it-works.md's architecture section
-#: draws them: the surface's two layers, a subpackage per stage, ``_compat``.
+#: draws them: the surface's two layers, then a subpackage per stage.
 STAGES = ["tools", "API", "pejit._calls", "pejit._residual", "pejit._reports", "pejit._fold", "pejit._compat"]
 
 #: The most lines a module may have.
@@ -160,7 +166,7 @@ def test_modules_import_only_their_stage_and_below():
 def test_every_stage_says_what_it_owns_and_what_it_imports():
     """Its docstring names each of its modules, and its ``Imports:`` the stages below it."""
     below = [s.removeprefix("pejit.") for s in STAGES[2:]]
-    for i, stage in enumerate(below[:-1]):
+    for i, stage in enumerate(below):
         package = ROOT / stage
         doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
         children = {p.stem for p in package.glob("_*.py") if p.stem != "__init__"}
@@ -181,8 +187,17 @@ def _longest_chain(graph) -> list[str]:
 
 
 def test_import_chains_are_short():
-    chain = _longest_chain({m: deps for m, deps in _graph().items() if not m.startswith("pejit.bench")})
+    graph = {m: deps for m, deps in _graph().items() if not m.startswith("pejit.bench")}
+    outside = {m: deps for m, deps in graph.items() if _stage(m) != STAGES.index("pejit._compat")}
+    chain = _longest_chain(outside | {"pejit._compat": set()})
     assert len(chain) <= MAX_DEPTH, " -> ".join(chain)
+
+
+def test_compat_is_imported_whole():
+    """Outside ``_compat``, modules import the package (``from .. import _compat``), not its modules."""
+    compat = STAGES.index("pejit._compat")
+    assert not {(m, d) for m, deps in _graph().items() if _stage(m) != compat
+                for d in deps if _stage(d) == compat and d != "pejit._compat"}
 
 
 def test_api_modules_import_only_what_they_build_on():
@@ -190,14 +205,121 @@ def test_api_modules_import_only_what_they_build_on():
     assert {m: graph[m] & API for m in BUILDS_ON} == BUILDS_ON
 
 
+#: The modules whose internals pejit reads through ``_compat`` only.
+JAX_INTERNAL_MODULES = ("jax._src", "jax.interpreters")
+
+#: What ``from jax import ...`` may not take, for the same reason.
+JAX_INTERNAL_NAMES = {"_src", "interpreters", "version"}
+
+
+def _internal(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in JAX_INTERNAL_MODULES)
+
+
+def _is_jax(module: str) -> bool:
+    return module.split(".")[0] in ("jax", "jaxlib")
+
+
+def _root(node: ast.AST) -> str | None:
+    """The name an expression such as ``jax.custom_vjp.defvjp`` starts from."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _imports_jax(nodes) -> bool:
+    return any(
+        (isinstance(n, ast.Import) and any(_is_jax(a.name) for a in n.names))
+        or (isinstance(n, ast.ImportFrom) and not n.level and _is_jax(n.module or ""))
+        for node in nodes for n in ast.walk(node)
+    )
+
+
+def _jax_internals_used(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` for each use of a JAX internal or JAX-version probe in ``source``.
+
+    Read with ``ast``: an import of :data:`JAX_INTERNAL_MODULES` (``import``,
+    ``from ... import``, or ``from jax import interpreters``); a read of
+    ``__version__``/``__version_info__`` on a name bound to a JAX module,
+    of ``jax.version``, or of a JAX package's version through
+    ``importlib.metadata.version("jax")``; a probe of a name bound to a JAX
+    module or to something imported from one (``jax``, ``lax``, ``P``,
+    ``Primitive``, ...): ``hasattr(...)``, ``getattr(...)`` with a default,
+    ``vars(...)``, ``dir(...)``; and an import of JAX tried under ``try``
+    with an ``except ImportError`` (or ``AttributeError``). A probe of an
+    object JAX returned (an aval, a tracer) is not visible to ``ast``.
+    """
+    tree = ast.parse(source)
+    jax_names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            jax_names.update(a.asname or a.name.split(".")[0] for a in node.names if _is_jax(a.name))
+        elif isinstance(node, ast.ImportFrom) and not node.level and _is_jax(node.module or ""):
+            jax_names.update(a.asname or a.name for a in node.names)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if _internal(a.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            if _internal(module) or (module == "jax" and any(a.name in JAX_INTERNAL_NAMES for a in node.names)):
+                found.append((node.lineno, f"from {module} import ..."))
+        elif isinstance(node, ast.Attribute) and _root(node) in jax_names and (
+            node.attr in ("__version__", "__version_info__")
+            or (node.attr == "version" and isinstance(node.value, ast.Name))
+        ):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+            func = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+            first = node.args[0] if node.args else None
+            if func in ("hasattr", "vars", "dir") or (func == "getattr" and len(node.args) == 3):
+                if first is not None and _root(first) in jax_names:
+                    found.append((node.lineno, ast.unparse(node)))
+            elif func == "version" and isinstance(first, ast.Constant) and _is_jax(str(first.value)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Try):
+            caught = " ".join(ast.unparse(h.type) for h in node.handlers if h.type is not None)
+            if any(e in caught for e in ("ImportError", "ModuleNotFoundError", "AttributeError")) and _imports_jax(
+                    node.body):
+                found.append((node.lineno, "try: import jax ... except ImportError"))
+    return found
+
+
 def test_jax_internals_only_in_compat():
+    used = {name: _jax_internals_used(path.read_text()) for name, path in _sources().items()
+            if _stage(name) != STAGES.index("pejit._compat")}
+    assert not {name: found for name, found in used.items() if found}
+
+
+def test_jax_internals_are_found():
+    """The check above catches each kind of use (a planted one apiece), and not the public API."""
+    planted = {
+        "import jax._src.core": "import jax._src.core",
+        "from jax._src import core": "from jax._src import ...",
+        "from jax.interpreters import ad": "from jax.interpreters import ...",
+        "from jax import interpreters": "from jax import ...",
+        "import jax\nv = jax.__version__": "jax.__version__",
+        "import jaxlib\nv = jaxlib.__version__": "jaxlib.__version__",
+        "import jax\nv = jax.version._version": "jax.version",
+        "from importlib.metadata import version\nv = version('jaxlib')": "version('jaxlib')",
+        "import jax\nF = hasattr(jax.custom_vjp, 'defvjp_with_logs')": "hasattr(jax.custom_vjp, 'defvjp_with_logs')",
+        "from jax import lax\nF = getattr(lax, 'split_p', None)": "getattr(lax, 'split_p', None)",
+        "import jax\nF = '__call__' in vars(jax.stages.Traced)": "vars(jax.stages.Traced)",
+        "try:\n    from jax.extend.core import split_p\nexcept ImportError:\n    split_p = None":
+            "try: import jax ... except ImportError",
+    }
+    for source, what in planted.items():
+        assert [w for _, w in _jax_internals_used(source)] == [what], source
+    public = ("import jax\nimport jax.numpy as jnp\nfrom jax.extend.core import primitives as P\n"
+              "f = getattr(jnp, 'sin')\nok = hasattr(x, 'aval')\n"
+              "try:\n    import tqdm\nexcept ImportError:\n    tqdm = None\n")
+    assert _jax_internals_used(public) == []
+
+
+def test_private_jax_attributes_only_in_compat():
     for name, path in _sources().items():
-        if name == "pejit._compat":
+        if _stage(name) == STAGES.index("pejit._compat"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith("jax._src"), (name, node.lineno)
-            elif isinstance(node, ast.Import):
-                assert not any(a.name.startswith("jax._src") for a in node.names), (name, node.lineno)
-            elif isinstance(node, ast.Attribute):
+            if isinstance(node, ast.Attribute):
                 assert node.attr not in ("_trace", "get_const", "_replace"), (name, node.lineno, node.attr)

@@ -6,6 +6,7 @@ import sys
 import types
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from pejit import _compat
@@ -64,3 +65,31 @@ def test_scan_parameters_round_trip_in_this_jax():
     assert float(outs[0]) == float(ref[0])
     assert outs[1].tolist() == ref[1].tolist()
 
+
+
+def test_versions_are_read_by_their_leading_numbers():
+    from pejit._compat._versions import release
+
+    assert release("0.11.1.dev20250101") == (0, 11, 1)
+    assert release("0.12.0.1") == (0, 12, 0, 1)
+    assert release(_compat.JAXLIB_VERSION)[:2] >= (0, 7)
+
+
+def test_a_jit_call_is_inlined_as_this_jax_marks_it():
+    """``inline=True`` is a bool up to JAX 0.10 (which inlines it while tracing) and ``Inline.JAX_LATE`` from 0.11."""
+    jaxpr = jax.make_jaxpr(lambda x: jax.jit(jnp.sin, inline=True)(x) + jax.jit(jnp.cos)(x))(1.0)
+    calls = [e.params for e in jaxpr.eqns if e.primitive is _compat.jit_p]
+    assert [_compat.jit_inlines(p) for p in calls] == [True] * (len(calls) - 1) + [False]
+    assert _compat.jit_inlines({"inline": True}) and not _compat.jit_inlines({"inline": False})
+
+
+def test_cotangent_types_in_this_jax():
+    assert _compat.cotangent_aval(jax.typeof(jnp.ones(3, jnp.int32))).dtype == jax.dtypes.float0
+    assert _compat.cotangent_aval(jax.typeof(jnp.ones(3))) == jax.typeof(jnp.ones(3))
+
+
+def test_a_trace_is_called_where_this_jax_calls_one():
+    traced = jax.jit(jnp.sin).trace(1.0)
+    assert _compat.TRACED_IS_CALLABLE == callable(traced)
+    if _compat.TRACED_IS_CALLABLE:
+        assert float(traced(1.0)) == float(jnp.sin(1.0))

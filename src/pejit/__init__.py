@@ -14,7 +14,8 @@ The package, top to bottom (each part imports only the parts below it):
   the passes over the residual;
 * ``_reports``: ``FoldReport`` and the estimates of ``auto``;
 * ``_fold``: the folding trace and its back end;
-* ``_compat``: every JAX internal pejit uses.
+* ``_compat``: every JAX internal pejit uses, and every difference between
+  the JAX versions it supports.
 """
 
 from ._api import pe as pe

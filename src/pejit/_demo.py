@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad
 
+from . import _compat
 from ._explain import explain
 from ._api import pejit
 from ._fold._options import FoldOptions
@@ -104,14 +104,14 @@ def _H_abstract_eval(x, *, d):
 def _H_jvp(primals, tangents, *, d):
     (x,), (dx,) = primals, tangents
     out = H(x, d=d)
-    if type(dx) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
+    if type(dx) is _compat.Zero:
+        return out, _compat.Zero.from_primal_value(out)
     return out, H(x, d=d + 1) * jnp.expand_dims(dx, -1)
 
 
 H_p.def_impl(_H_impl)
 H_p.def_abstract_eval(_H_abstract_eval)
-ad.primitive_jvps[H_p] = _H_jvp
+_compat.primitive_jvps[H_p] = _H_jvp
 
 
 def egrad(g: Callable) -> Callable:
@@ -172,7 +172,7 @@ def _indent(text: str, by: str = "   ") -> str:
 def demo(n: int = 1000, repeat: int = 10) -> None:
     """Run the demo, printing reports and the speedup of pejit over ``jax.jit``."""
     np.set_printoptions(precision=4, suppress=True)
-    print(f"pejit demo: JAX {jax.__version__}, backend {jax.default_backend()}")
+    print(f"pejit demo: JAX {_compat.JAX_VERSION}, backend {jax.default_backend()}")
 
     _section("1. A basis computed once: f(x, xi) = H(x) @ xi, H(x) a polynomial basis, x constant")
     print("   x (the points) is marked constant, so H(x) is computed now; the compiled")
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m pejit", description=_DESCRIPTION, epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"pejit {__version__} (JAX {jax.__version__})")
+    parser.add_argument("--version", action="version", version=f"pejit {__version__} (JAX {_compat.JAX_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="fold the built-in examples and time them against jax.jit")
     d.add_argument("--n", type=int, default=1000, help="size of the constant matrix A (default 1000)")

@@ -11,21 +11,14 @@ calls this: flags are the program's choice.
 from __future__ import annotations
 
 import os
-from importlib.metadata import PackageNotFoundError, version
+
+from . import _compat
 
 YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="
-_YNN_SINCE = (0, 9)  # first jaxlib with the flag
-
-
-def _jaxlib_version() -> tuple[int, ...]:
-    try:
-        return tuple(int(p) for p in version("jaxlib").split(".")[:2] if p.isdigit())
-    except PackageNotFoundError:
-        return ()
 
 
 def turn_off_ynn_fusion() -> None:
     """Add the flag to ``XLA_FLAGS`` (once), where this jaxlib knows it."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if _jaxlib_version() >= _YNN_SINCE and YNN_OFF not in flags:
+    if _compat.JAXLIB_HAS_YNN_FUSION and YNN_OFF not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {YNN_OFF}".strip()

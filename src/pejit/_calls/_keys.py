@@ -6,17 +6,21 @@ Two keys describe the constants of a call:
   immutable, so they are keyed by identity (the cache watches them with weak
   references and drops the entry when they die, so an identity is never
   recycled into a stale hit). NumPy arrays are mutable, so they are keyed by
-  content: a SHA-1 digest of their bytes, about 1 ms per 4 MB on every call,
-  so that mutating one re-specializes and never returns a stale result.
-  Read-only NumPy arrays whose memory nobody can write (every base read-only
-  too) take the identity path and cost nothing: that is the cheap path for
-  large NumPy constants (``a.flags.writeable = False``). Every other leaf
-  (Python scalars, strings, callables, ...) is keyed by type and value and
-  must be hashable.
+  content (a digest of their bytes): mutating one re-specializes and never
+  returns a stale result. Read-only NumPy arrays whose memory nobody can
+  write (every base read-only too) are keyed by identity, as ``jax.Array``
+  leaves are: that is the cheap path for large NumPy constants
+  (``a.flags.writeable = False``). Every other leaf (Python scalars,
+  strings, callables, ...) is keyed by type and value and must be hashable.
 * the *structure key* selects a value-independent template (shapes, dtypes
   and shardings of the array leaves, values of the others): a new value with
   the same structure re-specializes by running the template's compiled
   folding program.
+
+A call computes the value key only when the call path's memo misses. A memo
+entry holds the constants it was made for, and its guard (:func:`unchanged`)
+checks that the writable NumPy arrays among them still hold the same bytes,
+by comparing them with a copy, which costs less per call than hashing them.
 """
 
 from __future__ import annotations
@@ -102,15 +106,14 @@ def _leaf_key(what: int | str, leaf: Any) -> Any:
     return (type(leaf), leaf)
 
 
-#: NumPy constants up to this size are guarded by a copy of their bytes
-#: (80 us a MiB to compare, a small one well under a microsecond); larger ones
-#: by their digest (SHA-1: 600 us a MiB). MJX keeps a 1.05 MiB array in its
-#: humanoid model: a digest was 0.2x of a call of its 20-step rollout.
+#: NumPy constants up to this size are guarded by a copy of their bytes, which
+#: compares several times faster than a digest hashes; larger ones by their
+#: digest, so that the guard does not hold a second copy of a large array.
 SNAPSHOT_BYTES = 16 << 20
 
-#: From this size a contiguous one is compared with C's ``memcmp`` against a
-#: held copy, which makes no bytes object per call: 30-40 us a MiB, against
-#: 75-120 us for ``tobytes() ==`` (measured with the humanoid's 1.05 MiB array).
+#: From this size a contiguous one is compared with C's ``memcmp`` against the
+#: held copy, which makes no bytes object per call (about half the time of
+#: ``tobytes() ==``).
 MEMCMP_BYTES = 64 << 10
 
 
@@ -256,7 +259,7 @@ def structure_key(leaves: list[Any]) -> tuple:
 
 def _leaf_structure(leaf: Any) -> Any:
     if isinstance(leaf, jax.Array):
-        # PRNG key arrays have no weak_type before JAX 0.8
+        # PRNG key arrays have no weak_type
         return ("array", leaf.shape, leaf.dtype, getattr(leaf, "weak_type", False), leaf.sharding)
     if isinstance(leaf, np.ndarray):
         return ("numpy", leaf.shape, leaf.dtype)

@@ -67,7 +67,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
@@ -309,7 +308,7 @@ def key(options: FoldOptions, where, closed: ClosedJaxpr, trees, arrays: Sequenc
     devices = sorted({d.device_kind for d in jax.devices()})
     options = dataclasses.replace(options, cache_dir=None, progress=None)  # neither changes a value
     h.update(repr((
-        FORMAT, jax.__version__, jaxlib.__version__, jax.default_backend(), devices,
+        FORMAT, _compat.JAX_VERSION, _compat.JAXLIB_VERSION, jax.default_backend(), devices,
         bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
         options, where, str(trees),
     )).encode())
@@ -475,7 +474,7 @@ def _store(store: Store, k: str, name: str, spec: Specialization) -> None:
     except Exception as e:  # not storable: the next process folds again
         logger.debug("pejit: %s not cached across runs: %s", name, e)
         return
-    manifest = {"name": name, "jax": jax.__version__, "residual": residual,
+    manifest = {"name": name, "jax": _compat.JAX_VERSION, "residual": residual,
                 "stats": _stats_doc(spec.program.stats), "fold_seconds": spec.fold_seconds}
     store.save(k, manifest, arrays)
 

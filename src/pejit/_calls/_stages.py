@@ -65,7 +65,7 @@ class Traced(jax.stages.Traced):
 
     # JAX's trace can be called (evaluating its jaxpr) from 0.9 on; this one
     # then too, its constants checked first.
-    if any("__call__" in vars(klass) for klass in jax.stages.Traced.__mro__[:-1]):
+    if _compat.TRACED_IS_CALLABLE:
 
         def __call__(self, *args, **kwargs):
             args, kwargs = self._split(args, kwargs)

@@ -42,7 +42,6 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
-from jax.interpreters import mlir
 
 from .. import _compat
 from . import _abstract, _compiled, _cost, _device, _host, _offload, _primitives, _refold, _trim
@@ -409,8 +408,7 @@ def _call_primitive(name: str, backend: str) -> Primitive:
     prim.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args, backend))
     prim.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
     inline = lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args)  # noqa: E731
-    mlir.register_lowering(prim, mlir.lower_fun(inline, multiple_results=True))
-    prim.to_lojax = inline  # JAX >= 0.12 lowers a jaxpr it marks high (is_high) equation by equation
+    _compat.lower_as(prim, inline)
     return prim
 
 

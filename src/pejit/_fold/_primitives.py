@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.extend.core import primitives as P
-from jax.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+
+from .. import _compat
 
 #: Primitives that only move, replicate or create data cheaply: folding them
 #: can blow a small known value up into a large constant.
@@ -237,5 +238,5 @@ def prune(jaxpr: Jaxpr, consts: Sequence[Any]) -> tuple[Jaxpr, list[Any]]:
     """
     n = len(consts)
     keep = [False] * n + [True] * (len(jaxpr.invars) - n)
-    dced, used = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
+    dced, used = _compat.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=keep)
     return dced, [c for c, u in zip(consts, used[:n]) if u]

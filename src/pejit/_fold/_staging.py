@@ -285,9 +285,7 @@ def trace_staging(
         # Name the outputs now that we know how many there are (JAX 0.7
         # requires resolved result paths here).
         dbg = _compat.with_result_paths(dbg, tuple(f"result[{i}]" for i in range(len(out_tracers))))
-        jaxpr, consts = trace.frame.to_jaxpr(trace, out_tracers, dbg, source_info)
-        # Constants first, as plain inputs: what to_jaxpr returns from JAX 0.11.1.
-        jaxpr = _compat.convert_constvars_jaxpr(jaxpr)
+        jaxpr, consts = _compat.staged_jaxpr(trace, out_tracers, dbg, source_info)
         # Rule thunks of custom_jvp/custom_vjp calls in the jaxpr keep this
         # trace alive; they must not keep the parent alive too (for a folding
         # program, the trace of its abstract constants: see ``_program``).

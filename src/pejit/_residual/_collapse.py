@@ -43,7 +43,6 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
-from jax.interpreters import mlir
 from jax.extend.core import Primitive
 
 from .. import _compat
@@ -203,10 +202,7 @@ for _p in (affine_matrices_p, host_affine_matrices_p):
     _p.multiple_results = True
     _p.def_impl(_affine_matrices_impl)
     _p.def_abstract_eval(lambda *avals, build: build.out_avals())
-mlir.register_lowering(
-    affine_matrices_p,
-    mlir.lower_fun(lambda *consts, build: build.by_jvp(*consts, loop=True), multiple_results=True),
-)
+_compat.lower_as(affine_matrices_p, lambda *consts, build: build.by_jvp(*consts, loop=True))
 
 
 def _jacobian(

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import jax
-import jaxlib
 import numpy as np
 
+from .. import _compat
 from . import gradients, loops
 from ._common import _s, mib
 from .cases import Context
@@ -46,7 +46,7 @@ def write(out: Path, name: str, ctx: Context, results: dict, targets: list[Targe
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {_machine()}",
-        f"- JAX {jax.__version__}, jaxlib {jaxlib.__version__}, backend {jax.default_backend()}",
+        f"- JAX {_compat.JAX_VERSION}, jaxlib {_compat.JAXLIB_VERSION}, backend {jax.default_backend()}",
         f"- mode: {'quick' if ctx.quick else 'full'}; TFC: {ctx.tfc_python or 'not installed (n/a)'}",
         f"- XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`",
         f"- load average when written (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}"

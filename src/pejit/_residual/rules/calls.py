@@ -42,22 +42,13 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     closes_over_constants = bool(params["jaxpr"].consts)
     if not folder.options.calls or concrete or not (any(known) or closes_over_constants):
         return NotImplemented
-    split = None if _inlined(params) else known_part(
+    split = None if _compat.jit_inlines(params) else known_part(
         params["jaxpr"], tuple(k and not folder.is_lazy(a) for k, a in zip(known, args)), folder)
     if split is None:
         return replay(trace, params["jaxpr"], args)
     part, rest, inputs = split
     outs = folder.fold_part(trace, part, [args[i] for i in inputs])
     return replay(trace, rest, [*args, *outs])
-
-
-def _inlined(params) -> bool:
-    """Whether JAX inlines the call: ``jit(inline=True)``, which is a bool
-    up to JAX 0.10 and from 0.11 an ``Inline`` member (``jax.numpy``'s
-    functions are ``JAX_EARLY``; ``True`` is ``JAX_LATE``, inlined when
-    lowering; ``AUTO``, the default, is not inlined)."""
-    inline = params.get("inline")
-    return inline is True or getattr(inline, "name", None) in ("JAX_EARLY", "JAX_LATE")
 
 
 #: known_part's results, per call body (JAX keeps one object per traced

@@ -30,8 +30,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
-from jax.interpreters import ad
-from jax.interpreters import partial_eval as pe
 
 from ... import _compat
 from ..._fold._folding import Folder, NeedsValue
@@ -40,7 +38,7 @@ from .products import known_product
 
 
 #: Whether backward rules return ``(cotangents, logs)`` (JAX 0.12's ``defvjp_with_logs``), not cotangents.
-_BWD_LOGS = hasattr(jax.custom_vjp, "defvjp_with_logs")
+_BWD_LOGS = _compat.BWD_RETURNS_LOGS
 
 
 def _partial(folder: Folder, fun, args):
@@ -51,7 +49,7 @@ def _partial(folder: Folder, fun, args):
     or None when the function closes over unknown values or has effects
     (the call is then staged as it is).
     """
-    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(fun, [_compat.typeof(a) for a in args])[:3]
+    jaxpr, _, consts = _compat.trace_to_jaxpr_dynamic(fun, [_compat.typeof(a) for a in args])
     if jaxpr.effects:
         return None
     consts = [_known(folder, c) for c in consts]
@@ -85,7 +83,7 @@ def _stage(trace, method: str, *args, **params):
 
 def _ct_aval(x):
     """The cotangent type of ``x``'s type (float0 for integers)."""
-    return _ct_aval_of(jax.typeof(x))
+    return _compat.cotangent_aval(jax.typeof(x))
 
 
 def _zeros(aval):
@@ -142,7 +140,7 @@ def fold_custom_vjp(folder: Folder, trace, prim, args, params):
     consts = [*hoisted, *(args[i] for i in known)]
     n_h, n_c, n = len(hoisted), len(consts), len(args)
     where = {i: n_h + j for j, i in enumerate(known)} | {i: n_c + j for j, i in enumerate(unknown)}
-    zeros = [ad.Zero(_ct_aval(c)) for c in consts]  # the closures hold no values
+    zeros = [_compat.Zero(_ct_aval(c)) for c in consts]  # the closures hold no values
 
     def out_trees():
         tree, res, fwds = params["out_trees"]()  # filled by the forward rule that ran
@@ -197,8 +195,8 @@ def fold_custom_lin(folder: Folder, trace, prim, args, params):
         cts, logs = bwd.call_wrapped(*xs) if _BWD_LOGS else (bwd.call_wrapped(*xs), None)
         if logs is not None:
             raise _Logs
-        in_cts[:] = [ct.aval if type(ct) is ad.Zero else None for ct in cts]
-        return [ct for ct in cts if type(ct) is not ad.Zero]
+        in_cts[:] = [ct.aval if type(ct) is _compat.Zero else None for ct in cts]
+        return [ct for ct in cts if type(ct) is not _compat.Zero]
 
     cts = params["out_avals"]
     try:  # the known residuals concrete: a rule may look at them (Equinox's are Python bools too)
@@ -218,9 +216,9 @@ def fold_custom_lin(folder: Folder, trace, prim, args, params):
     def new_bwd(*res_cts):
         # JAX 0.12 hands a rule its zero cotangents as symbolic zeros, which the
         # rule's own wrapper instantiates; the folded body takes arrays.
-        res_cts = [_zeros(x.aval) if type(x) in (SymbolicZero, ad.Zero) else x for x in res_cts]
+        res_cts = [_zeros(x.aval) if type(x) in (SymbolicZero, _compat.Zero) else x for x in res_cts]
         outs = iter(_eval(body, *res_cts))
-        cts = [next(outs) if aval is None else ad.Zero(aval) for aval in zeros]
+        cts = [next(outs) if aval is None else _compat.Zero(aval) for aval in zeros]
         return (cts, None) if _BWD_LOGS else cts
 
     new_params = dict(params, num_res=len(values) + len(dyn_res), symbolic_zeros=False,
@@ -231,10 +229,6 @@ def fold_custom_lin(folder: Folder, trace, prim, args, params):
 
 class _Logs(Exception):
     """A backward rule returned logs (see :func:`fold_custom_lin`)."""
-
-
-def _ct_aval_of(aval):
-    return aval.to_ct_aval() if hasattr(aval, "to_ct_aval") else aval.to_tangent_aval()
 
 
 def fold_custom_jvp(folder: Folder, trace, prim, args, params):
