@@ -48,13 +48,14 @@ MAX_LINES = 600
 #: aside: 19 when the modules sat side by side in ``pejit/``.
 MAX_DEPTH = 16
 
-#: The API modules each API module may import: ``Pejitted`` (``_jit``) is the
-#: base; the TFC form and ``auto`` are built on it, side by side; ``explain``
-#: and ``export_folded`` accept every form; ``_api`` routes a call to its form.
+#: The API modules each API module may import: ``Pejitted`` (``_jit``), the
+#: TFC form and ``auto`` are each built on the call path (``_calls``), side by
+#: side; ``explain`` and ``export_folded`` accept every form; ``_api`` routes
+#: a call to its form.
 BUILDS_ON = {
     "pejit._jit": set(),
-    "pejit._tfc": {"pejit._jit"},
-    "pejit._auto": {"pejit._jit"},
+    "pejit._tfc": set(),
+    "pejit._auto": set(),
     "pejit._explain": {"pejit._jit", "pejit._tfc", "pejit._auto"},
     "pejit._export": {"pejit._jit", "pejit._tfc", "pejit._auto"},
     "pejit._api": {"pejit._jit", "pejit._tfc", "pejit._auto"},
