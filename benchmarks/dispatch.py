@@ -33,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pejit import pejit  # noqa: E402
+from pejit._jit import call_path  # noqa: E402
 
 
 def best_us(fn, number=1000, repeat=3):
@@ -82,7 +83,7 @@ def main():
         pf(*consts, x)
         spec = pf.specialize(*consts, x)
         row(f"{k} jax.Array constants", lambda: pf(*consts, x), lambda: jf(*consts, x),
-            lambda: spec.call(x), spec, pf._caches.specializations)
+            lambda: spec.call(x), spec, call_path(pf).caches.specializations)
 
     def g(d, x):
         return x + sum(jnp.sin(v).sum() for v in d.values())
@@ -92,7 +93,7 @@ def main():
     pg(d, x)
     spec = pg.specialize(d, x)
     row("dict of 8 jax.Array constants", lambda: pg(d, x), lambda: jg(d, x), lambda: spec.call(x), spec,
-        pg._caches.specializations)
+        call_path(pg).caches.specializations)
 
     f, nums = positional(8)
     frozen = [np.asarray(a).copy() for a in arrays]
@@ -102,7 +103,7 @@ def main():
     pf(*frozen, x)
     spec = pf.specialize(*frozen, x)
     row("8 read-only NumPy constants", lambda: pf(*frozen, x), lambda: jf(*frozen, x),
-        lambda: spec.call(x), spec, pf._caches.specializations)
+        lambda: spec.call(x), spec, call_path(pf).caches.specializations)
 
     print("\nwritable NumPy constants are hashed (SHA-1) on every call:")
     f, nums = positional(1)
@@ -112,7 +113,7 @@ def main():
         pf(c, x)
         spec = pf.specialize(c, x)
         row(f"1 writable NumPy constant, {4 * n} B", lambda: pf(c, x), lambda: jf(c, x),
-            lambda: spec.call(x), spec, pf._caches.specializations)
+            lambda: spec.call(x), spec, call_path(pf).caches.specializations)
 
 
 if __name__ == "__main__":

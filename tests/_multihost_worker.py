@@ -94,6 +94,7 @@ def run_cases() -> dict:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from pejit import explain, pejit
+    from pejit._jit import call_path
 
     mesh = Mesh(np.array(jax.devices()), ("d",))
     rows, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
@@ -119,7 +120,7 @@ def run_cases() -> dict:
         out[name] = {
             "value": np.asarray(multihost_utils.process_allgather(value, tiled=True)).tolist(),
             "residual": str(spec.program.jaxpr),
-            "keys": repr(list(f._caches.programs.entries)),
+            "keys": repr(list(call_path(f).caches.programs.entries)),
             "consts": [
                 {"shape": list(c.shape), "spec": list(getattr(c.sharding, "spec", [repr(c.sharding)])),
                  "fraction": _fraction_held(c)}

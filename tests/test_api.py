@@ -71,6 +71,18 @@ def test_tfc_form_with_nothing_bound_checks_its_calls_alike():
         g(1.0, 2.0, 3.0, d=4.0)
 
 
+def test_tfc_form_with_nothing_bound_stages_as_jax_jit():
+    # nothing to fold: its calls, lowering and trace are jax.jit's of the function
+    f = lambda a, b: jnp.sin(a) * b  # noqa: E731
+    a, b = jnp.arange(3.0), jnp.ones(3)
+    g = pejit(a, b, constant_arg_nums=[])(f)
+    want = jax.jit(f)(a, 2 * b)
+    np.testing.assert_allclose(g.lower(a, b).compile()(a, 2 * b), want)
+    np.testing.assert_allclose(g.trace(a, b).lower().compile()(a, 2 * b), want)
+    assert [e.primitive.name for e in g.trace(a, b).jaxpr.eqns] == ["sin", "mul"]
+    assert g.report(a, b).fallbacks == ("no constant arguments: every call is jax.jit's, nothing is folded",)
+
+
 def test_tfc_form_folds_at_creation_and_respecializes_on_new_shape():
     counted = Counter(lambda A, x: jnp.linalg.inv(A) @ x)
     A = jnp.eye(3) * 2

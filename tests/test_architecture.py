@@ -23,6 +23,9 @@
   touches private attributes of JAX objects (``x._trace``, ``get_const``,
   ``debug_info._replace``): the staging trace (``_fold._staging``) is built
   on the names ``_compat`` exports.
+* Above ``_calls``, its objects are used through their public names: no
+  module there reads or writes an attribute by a private name that
+  ``_calls`` defines, nor imports one from it.
 """
 
 import ast
@@ -54,13 +57,14 @@ MAX_LINES = 600
 #: aside: 19 when the modules sat side by side in ``pejit/``.
 MAX_DEPTH = 16
 
-#: The API modules each API module may import: ``Pejitted`` (``_jit``) is the
-#: base; the TFC form and ``auto`` are built on it, side by side; ``explain``
-#: and ``export_folded`` accept every form; ``_api`` routes a call to its form.
+#: The API modules each API module may import: ``Pejitted`` (``_jit``), the
+#: TFC form and ``auto`` are each built on the call path (``_calls``), side by
+#: side; ``explain`` and ``export_folded`` accept every form; ``_api`` routes
+#: a call to its form.
 BUILDS_ON = {
     "pejit._jit": set(),
-    "pejit._tfc": {"pejit._jit"},
-    "pejit._auto": {"pejit._jit"},
+    "pejit._tfc": set(),
+    "pejit._auto": set(),
     "pejit._explain": {"pejit._jit", "pejit._tfc", "pejit._auto"},
     "pejit._export": {"pejit._jit", "pejit._tfc", "pejit._auto"},
     "pejit._api": {"pejit._jit", "pejit._tfc", "pejit._auto"},
@@ -323,3 +327,92 @@ def test_private_jax_attributes_only_in_compat():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("_trace", "get_const", "_replace"), (name, node.lineno, node.attr)
+
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name != "_"
+
+
+def _defined_private_names(tree: ast.Module) -> set[str]:
+    """The private names a module defines: its functions, classes and variables,
+    its classes' methods, attributes and ``__slots__``, and the attributes its
+    code assigns (``self._x = ...``, ``new._x = ...``); not local variables."""
+    names = set()
+    scopes = [tree.body, *(node.body for node in ast.walk(tree) if isinstance(node, ast.ClassDef))]
+    for body in scopes:
+        for node in body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in targets):
+                names.update(c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)
+                             and isinstance(c.value, str))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return {n for n in names if _private(n)}
+
+
+@functools.cache
+def _calls_private_names() -> frozenset[str]:
+    return frozenset().union(*(_defined_private_names(ast.parse(path.read_text()))
+                               for name, path in _sources().items() if name.startswith("pejit._calls")))
+
+
+def _private_touches(name: str, path: pathlib.Path, modules) -> list[str]:
+    """Where module ``name`` (above ``_calls``) uses a private name it does not own:
+    an attribute, of anything but ``self`` or ``cls``, by a private name that
+    ``_calls`` defines or that the module itself does not; or a private name
+    imported from ``_calls``."""
+    tree = ast.parse(path.read_text())
+    calls, own = _calls_private_names(), _defined_private_names(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) and (
+                    node.attr in calls or node.attr not in own):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom):
+            base = (package.rsplit(".", node.level - 1)[0] if node.level > 1 else package) if node.level else ""
+            target = ".".join(p for p in (base, node.module) if p)
+            if target == "pejit._calls" or target.startswith("pejit._calls."):
+                found.extend(f"from {target} import {a.name}" for a in node.names
+                             if _private(a.name) and f"{target}.{a.name}" not in modules)
+    return found
+
+
+def _above_calls() -> dict[str, pathlib.Path]:
+    calls = STAGES.index("pejit._calls")
+    return {name: path for name, path in _sources().items() if _stage(name) < calls}
+
+
+def test_the_private_names_of_calls_are_read():
+    names = _calls_private_names()
+    # a method, attributes assigned in __init__ and elsewhere, a slot, module-level functions and constants
+    assert {"_lookup", "_layouts", "_jitted", "_watchers", "_split", "_leaf_key", "_tree_flatten", "_SOURCE"} <= names
+    assert not {n for n in names if not _private(n)}
+    assert set(API) | {"pejit", "pejit._demo"} <= set(_above_calls())
+
+
+def test_a_touch_of_private_names_is_found(tmp_path):
+    path = tmp_path / "_x.py"
+    path.write_text(
+        "from ._calls._keys import _leaf_key, constant_key\nfrom ._calls import _errors\n"
+        "class A:\n    __slots__ = ('_own',)\n"
+        "def f(pj, path, a):\n    path._layouts.clear()\n    pj._path.lower()\n"
+        "    return self._layouts, a._own, path.layout(1), _errors.warn\n")
+    assert sorted(_private_touches("pejit._x", path, _sources())) == [
+        "from pejit._calls._keys import _leaf_key", "path._layouts", "pj._path"]
+
+
+def test_nothing_above_calls_touches_private_names_it_does_not_own():
+    """``_calls``'s objects are used by their public names (``Pejitted``, the TFC
+    form and ``auto`` through their call paths' interface), and the API modules
+    use one another's by their public names too (``_jit.call_path``)."""
+    modules = _sources()
+    found = {name: hits for name, path in _above_calls().items() if (hits := _private_touches(name, path, modules))}
+    assert not found

@@ -13,6 +13,7 @@ import pytest
 
 import pejit
 from pejit import FoldingSkippedWarning, pejit as pj
+from pejit._jit import call_path
 
 from ._util import Counter, cpu_only, requires_jax
 
@@ -61,11 +62,11 @@ def test_cache_clear_frees_every_cached_program():
     refs += [weakref.ref(p) for p in _compiled._programs.values()]
     del spec
     assert len(refs) > 2
-    assert (f.cache_info().currsize, len(f._caches.programs)) == (2, 1)
+    assert (f.cache_info().currsize, len(call_path(f).caches.programs)) == (2, 1)
 
     f.cache_clear()
     gc.collect()
-    assert (f.cache_info().currsize, len(f._caches.programs), len(_compiled._programs)) == (0, 0, 0)
+    assert (f.cache_info().currsize, len(call_path(f).caches.programs), len(_compiled._programs)) == (0, 0, 0)
     assert [r() for r in refs] == [None] * len(refs)
     np.testing.assert_allclose(f(a, x), affine(a, x), rtol=1e-5)  # and it works again
 
@@ -413,3 +414,17 @@ def test_options_are_validated_and_reach_pe():
     a, b, x = spd(0), spd(1), jnp.ones(4)
     f(a, x), f(b, x)
     assert f.cache_info().maxsize == 1 and f.cache_info().currsize == 1
+
+
+
+def test_a_specialization_is_keyed_by_its_constants_types_and_named_axes():
+    # a function may read the named axes it runs under (lax.axis_size), so
+    # they select a specialization, as its constants and dynamic types do
+    f = pj(lambda a, x: jnp.sin(a) * x, constant_argnums=0)
+    a, x = jnp.ones(3), jnp.ones(3)
+    f(a, x)
+    np.testing.assert_allclose(jax.vmap(lambda x: f(a, x), axis_name="i")(jnp.ones((2, 3))), np.sin(np.ones((2, 3))))
+    first, under_vmap = call_path(f).caches.specializations.entries
+    assert first.constants == under_vmap.constants == (id(a),)
+    assert first.types == under_vmap.types == (jax.typeof(x),)
+    assert first.axes == () and dict(under_vmap.axes[0]) == {"i": 2}

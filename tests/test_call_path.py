@@ -16,6 +16,7 @@ import pytest
 
 import pejit
 from pejit import pejit as pj
+from pejit._jit import call_path
 
 from ._util import Counter, cpu_only, primitive_names
 
@@ -66,8 +67,9 @@ KINDS = [
 
 def _counting(f):
     """``f`` with its calls past the memo counted (before its first call)."""
-    missed = Counter(f._uncached)
-    f._uncached = missed
+    path = call_path(f)
+    missed = Counter(path.uncached)
+    path.uncached = missed
     return missed
 
 
@@ -268,6 +270,56 @@ def _read_only(a):
     a = np.array(a)
     a.flags.writeable = False
     return a
+
+
+def _frames_entered(call) -> list[str]:
+    """The Python frames of pejit's that ``call()`` enters, in order: its modules', and
+    the code it generates or evaluates (a file named ``<string>`` too); not those of
+    ``_compat``'s shims of older JAX versions (JAX 0.7's current trace is read through one)."""
+    root, names = os.path.dirname(pejit.__file__), []
+    shims = os.path.join(root, "_compat.py")
+
+    def profile(frame, event, arg):
+        filename = frame.f_code.co_filename
+        if event == "call" and (filename.startswith(root) or filename == "<string>") and filename != shims:
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def _promoted(g, C, v):
+    """``g`` with ``C`` promoted to a constant by ``constant_argnums="auto"``, its decisions settled."""
+    f = pj(g, constant_argnums="auto", auto_min_flops=0)
+    for w in (v, 2 * v, 3 * v, 4 * v, 5 * v, v):  # v changes: kept dynamic after the fourth change
+        f(C, w)
+    assert f.decisions()[0][0] == "promoted" and f.decisions()[1][0] == "kept dynamic"
+    return f
+
+
+@pytest.mark.parametrize("form, frames", [
+    ("no constants", []),  # jax.jit's own object
+    ("constant_argnums", ["dispatch"]),
+    ("constant_argnums='auto', promoted", ["dispatch"]),  # the promoted path's own dispatcher
+    ("TFC, constants placed", ["dispatch"]),  # not compiled in: the generated dispatch binds them
+])
+def test_a_cached_call_is_at_most_one_frame_of_pejits(form, frames):
+    v = jnp.ones(4)
+    f = {
+        "no constants": lambda: pj(_inv),
+        "constant_argnums": lambda: pj(_inv, constant_argnums=0),
+        "constant_argnums='auto', promoted": lambda: _promoted(_inv, A, v),
+        "TFC, constants placed": lambda: pj(A, v, constant_arg_nums=[0],
+                                            constant_shardings=jax.sharding.SingleDeviceSharding(A.device))(_inv),
+    }[form]()
+    call = (lambda: f(v)) if form.startswith("TFC") else (lambda: f(A, v))
+    call(), call()
+    assert _frames_entered(call) == frames
+    np.testing.assert_allclose(call(), _inv(A, v), rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", [

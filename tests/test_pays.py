@@ -17,6 +17,7 @@ from jax import lax
 
 from pejit import FoldOptions, pejit
 from pejit._calls import _keys
+from pejit._jit import call_path
 
 from ._util import f32_products, primitive_names
 
@@ -184,7 +185,7 @@ def test_a_frozen_pytree_is_recognized_by_identity_and_its_numpy_bytes():
     f = pejit(lambda m, x: m.weights @ x * m.scale + m.table, constant_argnums=0)
     x = jnp.ones(3)
     np.testing.assert_allclose(f(m, x), [6.0, 7.0, 8.0])
-    guard = f._caches.fast_path().last[0][-2]  # the memo's: the NumPy leaf's bytes, not the tree's key again
+    guard = call_path(f).caches.fast_path().last[0][-2]  # the memo's: the NumPy leaf's bytes, not the tree's key again
     assert not isinstance(guard, functools.partial) and guard.arrays == [m.table]
     m.table[0] = 10.0  # its NumPy leaf changes: never used stale
     np.testing.assert_allclose(f(m, x), [16.0, 7.0, 8.0])

@@ -11,22 +11,24 @@ instead of asking which arguments are fixed:
   consecutive calls;
 * it then estimates, on the jaxpr, the FLOPs per call that folding that
   argument would remove (:func:`pejit._fold._known.known_work`, the fold's own
-  policy read off the jaxpr) and promotes it to a constant of a
-  :class:`~pejit.Pejitted` only if that is at least ``auto_min_flops``
-  (:func:`pejit._fold._cost.promotion_pays`); a small fold is then evaluated
+  policy read off the jaxpr) and promotes it to a constant, as
+  ``constant_argnums`` would make it, only if that is at least
+  ``auto_min_flops`` (:func:`pejit._fold._cost.promotion_pays`); a small fold is then evaluated
   by one compiled program rather than op by op
   (:func:`pejit._fold._cost.one_program_pays`: in a cold process each
   primitive would compile a program of its own);
 * calls whose promoted arguments are those same objects (an O(1) identity
-  guard, through weak references) go to the ``Pejitted``; any other call
-  goes to the generic program, never to a new fold. An argument that changes
-  more than ``auto_demote_after`` times is demoted for good, so alternating
-  inputs never thrash.
+  guard, through weak references) go to the call path with those arguments
+  constant (:mod:`pejit._calls._path`); any other call goes to the generic
+  program, never to a new fold. An argument that changes more than
+  ``auto_demote_after`` times is demoted for good, so alternating inputs
+  never thrash.
 
-Once every argument is decided, the call is a generated function: an
-identity check per promoted argument, then the ``Pejitted``; or, when
-nothing is promoted, ``jax.jit``'s own callable, so a function pejit could
-not help costs exactly what ``jax.jit`` costs.
+Once every argument is decided, the call is that path's generated
+dispatcher (:mod:`pejit._calls._dispatch`), whose memo recognizes the
+promoted objects by identity, and whose other calls come back here; or,
+when nothing is promoted, ``jax.jit``'s own callable, so a function pejit
+could not help costs exactly what ``jax.jit`` costs.
 """
 
 from __future__ import annotations
@@ -46,13 +48,16 @@ import jax
 import numpy as np
 
 from . import _compat
+from ._calls._argnums import interleave
 from ._calls._cache import DEFAULT_CACHE_SIZE, CacheInfo
-from ._fold import _cost, _known
-from ._fold._options import FoldOptions
-from ._jit import Pejitted
+from ._calls._info import positions, split_call
 from ._calls._keys import immutable
-from ._reports._report import FoldReport
+from ._calls._passthrough import JitPath
+from ._calls._path import CallPath, make_path
 from ._calls._unfolded import explained
+from ._fold._options import FoldOptions
+from ._fold import _cost, _known
+from ._reports._report import FoldReport
 
 #: The default ``auto_min_flops`` (see :data:`pejit._fold._cost.PROMOTION_MIN_FLOPS`).
 DEFAULT_MIN_FLOPS = _cost.PROMOTION_MIN_FLOPS
@@ -144,10 +149,9 @@ class AutoPejitted:
 
     # State in slots, as in Pejitted (which says why).
     __slots__ = (
-        "_pejit_kwargs", "_special", "_fun", "_name", "_jit", "_after", "_demote_after", "_min_flops", "_generic",
-        "_excluded_nums", "_excluded_names", "_static_nums", "_static_names", "_decisions", "_promoted",
-        "_estimates", "_one_program", "_options", "_lock", "promotions", "demotions", "generic_calls", "_dispatch",
-        "__dict__", "__weakref__",
+        "_pejit_kwargs", "_plain", "_special", "_fun", "_jit", "_after", "_demote_after", "_min_flops", "_generic",
+        "_excluded_nums", "_excluded_names", "_decisions", "_promoted", "_estimates", "_one_program", "_options",
+        "_lock", "promotions", "demotions", "generic_calls", "_dispatch", "__dict__", "__weakref__",
     )
 
     def __init__(
@@ -167,23 +171,22 @@ class AutoPejitted:
                                   constant_shardings=constant_shardings, **jit_kwargs)
         self._options = dict(auto_after=auto_after, auto_demote_after=auto_demote_after,
                              auto_min_flops=auto_min_flops, **self._pejit_kwargs)  # what pickling keeps
-        # Built now: Pejitted validates the function and every option (jax.jit's keywords too).
-        plain = Pejitted(fun, **self._pejit_kwargs)
-        self._special: dict[tuple, Pejitted] = {(): plain}
-        self._fun, self._name, self._jit = fun, plain.info.name, jit
+        # Built now, as pejit's without constants: checks the function and every
+        # option (jax.jit's keywords too); for pejit, its call is jax.jit(fun).
+        self._plain = make_path(fun, self._pejit_kwargs)
+        self._special: dict[tuple, CallPath | JitPath] = {(): self._plain}
+        self._fun, self._jit = fun, jit
         self._after, self._demote_after = auto_after, auto_demote_after
         self._min_flops = DEFAULT_MIN_FLOPS if auto_min_flops is None else auto_min_flops
-        # Without constants, the plain function is jax.jit(fun, **jit_kwargs) itself.
-        self._generic = plain._jitted if jit else fun
-        info = plain.info  # no constants: its fixed arguments are the static ones
+        self._generic = self._plain.dispatch if jit else fun
+        info = self._plain.info  # no constants: its fixed arguments are the static ones
         # Static arguments are keyed by value anyway, donated ones are consumed.
         self._excluded_nums = info.fixed_nums | info.donate_nums
         self._excluded_names = info.fixed_names | info.donate_names
-        self._static_nums, self._static_names = info.fixed_nums, info.fixed_names
         self._decisions: dict[int | str, Decision] = {}
         self._promoted: tuple = ()  # keys, positions first, then names
         self._estimates: dict = {}
-        self._one_program: set[tuple] = set()  # promoted sets folded by one compiled program (see fold_plan)
+        self._one_program: set[tuple] = set()  # promoted sets folded by one compiled program (see _one_compiled_fold)
         self._lock = threading.RLock()
         self.promotions = self.demotions = self.generic_calls = 0
         self._watch()
@@ -217,7 +220,7 @@ class AutoPejitted:
                 yield k, v
 
     def _observe(self, args: tuple, kwargs: dict) -> Callable | None:
-        """Update the decisions with this call; the ``Pejitted`` it runs, or None (generic)."""
+        """Update the decisions with this call; the call path it runs, or None (generic)."""
         decisions = self._decisions
         stable = []
         for key, value in self._candidates(args, kwargs):
@@ -259,7 +262,7 @@ class AutoPejitted:
             target = self._specialized(self._promoted)
         else:
             target = None
-        self._settle()
+        self._settle(len(args))
         return target
 
     def _consider(self, stable: list, args: tuple, kwargs: dict) -> None:
@@ -283,8 +286,8 @@ class AutoPejitted:
         self._decide(stable, PROMOTED, f"the same object on {self._after} consecutive calls; folding removes "
                                        f"{gain:.3g} FLOPs per call")
 
-    def _specialized(self, keys: tuple) -> Pejitted:
-        """The ``Pejitted`` with the arguments ``keys`` constant (one per set, kept)."""
+    def _specialized(self, keys: tuple) -> CallPath:
+        """The call path with the arguments ``keys`` constant (one per set, kept)."""
         special = self._special.get(keys)
         if special is None:
             nums = tuple(k for k in keys if isinstance(k, int))
@@ -295,8 +298,8 @@ class AutoPejitted:
             if one_program:  # each promoted value folded concretely, in one pass, as pe(x, ...) does
                 kwargs = {**kwargs, "fold_options": dataclasses.replace(options, backend="compiled"),
                           "one_value": True}
-            special = self._special[keys] = Pejitted(
-                self._fun, constant_argnums=nums, constant_argnames=names, **kwargs)
+            special = self._special[keys] = make_path(
+                self._fun, {"constant_argnums": nums, "constant_argnames": names, **kwargs})
         return special
 
     def _one_compiled_fold(self, keys: tuple, args: tuple, kwargs: dict) -> bool:
@@ -335,17 +338,14 @@ class AutoPejitted:
         of the keyword ones by name, as ``jax.jit`` flattens them. Kept for
         the last argument types and static values seen (decisions are rare).
         """
-        is_static = [i in self._static_nums or i - len(args) in self._static_nums for i in range(len(args))]
-        static = [(i, v) for i, v in enumerate(args) if is_static[i]]
-        static_kw = {k: v for k, v in kwargs.items() if k in self._static_names}
-        dyn_args = [v for i, v in enumerate(args) if not is_static[i]]
-        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        info = self._plain.info  # no constants: its fixed arguments are the static ones
+        static, static_kw, dyn_args, dyn_kw = split_call(info, args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kw))
-        key = (tree, tuple(jax.typeof(leaf) for leaf in leaves), tuple(static), tuple(sorted(static_kw.items())))
+        key = (tree, tuple(jax.typeof(leaf) for leaf in leaves), static, static_kw)
         if self._estimates.get("key") == key:
             return self._estimates["value"]
         ranges, j = {}, 0
-        owners = [*(i for i in range(len(args)) if not is_static[i]), *sorted(dyn_kw)]  # flattening order
+        owners = [*positions(info, len(args))[1], *sorted(dyn_kw)]  # flattening order
         for owner, sub in zip(owners, [*dyn_args, *(dyn_kw[k] for k in sorted(dyn_kw))]):
             n = len(jax.tree_util.tree_leaves(sub))
             ranges[owner], j = range(j, j + n), j + n
@@ -353,46 +353,36 @@ class AutoPejitted:
 
         def flat(*leaves):
             a, kw = jax.tree_util.tree_unflatten(tree, leaves)
-            for i, v in static:
-                a.insert(i, v)
-            return fun(*a, **kw, **static_kw)
+            return fun(*interleave(static, a), **kw, **dict(static_kw))
 
         with _compat.at_top_level():
             if self._jit:
                 # jax.jit's own trace: the generic call before this one made
                 # it (same types and static values), so it costs a cache hit
-                closed = self._generic.trace(*args, **kwargs).jaxpr
+                closed = self._plain.trace(args, kwargs).jaxpr
             else:
                 closed = jax.make_jaxpr(flat)(*leaves)
         self._estimates = {"key": key, "value": (closed, ranges)}
         return closed, ranges
 
-    def _settle(self) -> None:
-        """When every argument is decided, make the call a generated function."""
+    def _settle(self, n: int) -> None:
+        """When every argument is decided, make the call a generated function: the
+        dispatcher, for ``n`` positional arguments, of the promoted arguments' call path."""
+        self._watch()  # until every argument is decided (and a dispatcher is made: not for too many arguments)
         decisions = self._decisions
         if any(d.state == WATCHING or (d.state == PROMOTED and d.streak < self._after) for d in decisions.values()):
-            self._watch()
             return
         if not self._promoted:
             self._dispatch = self._generic
             return
-        # A guard per promoted argument, by position or keyword; other keywords
-        # pass through (an array keyword first seen after this stays dynamic).
-        positions = [k for k in self._promoted if isinstance(k, int)]
-        names = [k for k in self._promoted if isinstance(k, str)]
-        refs = {f"r{i}": decisions[i].ref for i in positions}
-        refs |= {f"k{j}": decisions[name].ref for j, name in enumerate(names)}
-        refs |= {f"n{j}": name for j, name in enumerate(names)}
-        n = 1 + max(positions, default=-1)
-        check = " and ".join([f"args[{i}] is r{i}() is not None" for i in positions]
-                             + [f"kwargs.get(n{j}) is k{j}() is not None" for j in range(len(names))])
-        source = (f"def call(*args, **kwargs):\n"
-                  f"    if len(args) >= {n} and {check}:\n"
-                  f"        return special(*args, **kwargs)\n"
-                  f"    return watching(*args, **kwargs)\n")
-        namespace = {**refs, "special": self._specialized(self._promoted), "watching": self._watching}
-        exec(source, namespace)  # noqa: S102 -- built from integer positions only (names are bound)
-        self._dispatch = namespace["call"]
+        # Its memo serves the promoted objects; every other call comes back to
+        # a guard per promoted argument, by position or keyword (other keywords
+        # pass through: an array keyword first seen after this stays dynamic).
+        special = self._specialized(self._promoted)
+        guards = tuple((k, decisions[k].ref) for k in self._promoted)
+        watching = functools.partial(_call_watching, weakref.ref(self))  # see _watch
+        others = functools.partial(_guarded, guards, special, watching)
+        self._dispatch = special.dispatcher(n, others, others)
 
     @property
     def _forget(self) -> Callable:
@@ -443,21 +433,21 @@ class AutoPejitted:
 
     def _cache_size(self) -> int:
         """Compiled entries: the generic program's (``jax.jit``'s), and the promoted specializations."""
-        generic = self._generic._cache_size() if self._jit else 0
-        return generic + sum(p._cache_size() for keys, p in self._special.items() if keys)
+        return sum(p.cache_size() for p in self._special.values())  # the plain path's: jax.jit's
 
-    def _route(self, args: tuple, kwargs: dict) -> Pejitted | None:
-        """The ``Pejitted`` these arguments would run now, or None (generic); no state changes."""
+    def _route(self, args: tuple, kwargs: dict) -> CallPath | None:
+        """The call path these arguments would run now, or None (generic); no state changes."""
         with self._lock:
             promoted = self._promoted
             if promoted and all(_holds(self._decisions[k], args, kwargs, k, self._after) for k in promoted):
                 return self._specialized(promoted)
         return None
 
+    @_compat.api_boundary
     def report(self, *args, **kwargs) -> AutoReport:
         """The decisions, and the [`FoldReport`][pejit.FoldReport] of the fold these arguments run."""
         special = self._route(args, kwargs)
-        return AutoReport(self.decisions(), None if special is None else special.report(*args, **kwargs))
+        return AutoReport(self.decisions(), None if special is None else special.specialize(args, kwargs).report)
 
     @_compat.api_boundary  # an error in the user's function shows no pejit frames, as under pejit.explain
     def explain(self, *args, **kwargs) -> AutoReport:
@@ -468,21 +458,17 @@ class AutoPejitted:
     # -- jax.jit's staged API: the generic program's ------------------------
     def lower(self, *args, **kwargs):
         """Lower the generic program, as ``jax.jit(f).lower`` does."""
-        self._require_jit("lower")
-        return self._generic.lower(*args, **kwargs)
+        self._plain.require_jit("lower")
+        return self._plain.lower(args, kwargs)
 
     def trace(self, *args, **kwargs):
         """Trace the generic program, as ``jax.jit(f).trace`` does."""
-        self._require_jit("trace")
-        return self._generic.trace(*args, **kwargs)
+        self._plain.require_jit("trace")
+        return self._plain.trace(args, kwargs)
 
     def eval_shape(self, *args, **kwargs):
         """Output shapes and dtypes, as ``jax.eval_shape`` gives them."""
         return jax.eval_shape(self._generic, *args, **kwargs)
-
-    def _require_jit(self, what: str) -> None:
-        if not self._jit:
-            raise AttributeError(f"{what}() needs a compiled function: use pejit, not pe")
 
     def __get__(self, obj, objtype=None):
         if obj is None:
@@ -491,19 +477,31 @@ class AutoPejitted:
 
     def __getstate__(self) -> dict:
         """The function and its options, as ``Pejitted``'s; decisions and caches are not pickled."""
-        return {"function_name": self._name, "fun": self._fun, "options": self._options}
+        return {"function_name": self._plain.info.name, "fun": self._fun, "options": self._options}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["fun"], **state["options"])
 
     def __repr__(self) -> str:
         """``jax.jit``'s repr, as the generic program's until an argument is promoted."""
-        return repr(self._special[()])
+        return repr(self._plain)
 
 
 def _call_watching(auto_ref: weakref.ref, *args, **kwargs):
     """A call while watching (see ``AutoPejitted._watch``); the caller holds the object."""
     return auto_ref()._watching(*args, **kwargs)
+
+
+def _guarded(guards: tuple, special: CallPath, watching: Callable, args: tuple, kwargs: dict):
+    """A call that the promoted dispatcher's memo did not serve (see ``AutoPejitted._settle``):
+    ``special``'s if it passes the promoted objects (``guards``: each argument's key and
+    weak reference), else ``watching``'s."""
+    for key, ref in guards:
+        value = (args[key] if key < len(args) else None) if isinstance(key, int) else kwargs.get(key)
+        obj = ref()
+        if obj is None or value is not obj:
+            return watching(*args, **kwargs)
+    return special.route(args, kwargs)
 
 
 def _forget(auto_ref: weakref.ref, _ref: weakref.ref, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:

@@ -2,8 +2,9 @@
 
 The entry point above every form of function pejit makes: a plain function
 with its constant arguments named, a ``Pejitted``, the TFC form's
-``BoundPejitted`` and an ``AutoPejitted`` all lead to one specialization's
-report with its unfolded program (:mod:`pejit._calls._unfolded`).
+``BoundPejitted`` and an ``AutoPejitted`` all lead to a call path
+(:mod:`pejit._calls._path`), and to the report of its specialization with
+the unfolded program (:mod:`pejit._calls._unfolded`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 
 from . import _compat
 from ._auto import AutoPejitted
+from ._calls._path import make_path
 from ._calls._unfolded import explained
 from ._fold._options import FoldOptions
-from ._jit import Pejitted
+from ._jit import Pejitted, call_path
 from ._reports._report import FoldReport
 from ._tfc import BoundPejitted, core_call
 
@@ -61,18 +63,15 @@ def explain(
         return fun.explain(*args, **kwargs)
     if isinstance(fun, BoundPejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
-        core, full_args = core_call(fun, args)
-        return explain(core, *full_args, **kwargs)
-    if isinstance(fun, Pejitted):
+        path, args = core_call(fun, args)
+    elif isinstance(fun, Pejitted):
         _no_constants_given(constant_argnums, constant_argnames, fold_options)
-        pj = fun
+        path = call_path(fun)
     else:
-        pj = Pejitted(
-            fun, constant_argnums=constant_argnums, constant_argnames=constant_argnames,
-            jit=False, fold_options=fold_options,
-        )
-        pj._hints_given.update(("nothing", "writable"))  # the report says it: no warnings
-    return explained(pj, args, kwargs)
+        options = {"constant_argnums": constant_argnums, "constant_argnames": constant_argnames, "jit": False,
+                   "fold_options": fold_options}
+        path = make_path(fun, options, quiet=("nothing", "writable"))  # the report says it: no warnings
+    return explained(path, args, kwargs)
 
 
 def _no_constants_given(constant_argnums, constant_argnames, fold_options) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from ._auto import AutoPejitted
-from ._jit import Pejitted, dynamic_function
+from ._jit import Pejitted, call_path
 from ._tfc import BoundPejitted, core_call
 
 
@@ -64,10 +64,11 @@ def export_folded(
 
     def do_export(*args, **kwargs) -> jax.export.Exported:
         if isinstance(fun, BoundPejitted):
-            core, full = core_call(fun, args, kwargs)
-            jitted, dyn_args, dyn_kwargs = dynamic_function(core, full, {})
+            path, args = core_call(fun, args, kwargs)
+            kwargs = {}
         else:
-            jitted, dyn_args, dyn_kwargs = dynamic_function(fun, args, kwargs)
+            path = call_path(fun)
+        jitted, dyn_args, dyn_kwargs = path.folded(args, kwargs)
         export = jax.export.export(jitted, platforms=platforms, disabled_checks=disabled_checks)
         return export(*dyn_args, **dyn_kwargs)
 

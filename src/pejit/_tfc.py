@@ -2,9 +2,10 @@
 
 ``pejit(*example_args, constant_arg_nums=[...])(f)`` folds immediately for
 the example arguments and returns a function of the remaining arguments. It
-wraps a :class:`~pejit._jit.Pejitted` of ``f`` whose constants are the bound
-positions; argument numbers in ``jax.jit`` keywords, given for the reduced
-signature, are mapped to the full one.
+holds the call path (:mod:`pejit._calls._path`) of ``f`` whose constants are
+the bound positions, and calls it through a dispatcher of that path with
+the constants bound; argument numbers in ``jax.jit`` keywords, given for the
+reduced signature, are mapped to the full one.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from collections.abc import Callable
 
 import jax
 
+from . import _compat
 from ._calls import _argnums, _errors
 from ._calls._argnums import interleave
 from ._calls._keys import unchangeable
+from ._calls._passthrough import JitPath
+from ._calls._path import CallPath, make_path
 from ._calls._program import Specialization
 from ._calls._stages import Lowered, Traced
-from ._jit import Pejitted, bound_dispatch, dynamic_function
 
 
 class BoundPejitted:
@@ -38,8 +41,8 @@ class BoundPejitted:
     inside with its constants compiled in: ``jax.jit``'s C++ dispatch alone,
     no Python on the way (TFC's PDE step at 6^3 points: 0.92-1.01x the
     hand-folded ``M @ xi + c`` per call, where the generated dispatch,
-    ``pejit._jit.bound_dispatch``, costs 1.31-1.34x; bench case 15). A new
-    type traces it again, and that trace specializes.
+    ``CallPath.dispatcher`` with the constants bound, costs 1.31-1.34x;
+    bench case 15). A new type traces it again, and that trace specializes.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -62,13 +65,12 @@ class BoundPejitted:
         self._const = {i: example_args[i] for i in sorted(const)}
         self._dyn_positions = [i for i in range(n) if i not in self._const]
         jit_kwargs = _to_full_signature(jit_kwargs, self._dyn_positions)
-        self._core = Pejitted(
-            _positional_only(fun, n), constant_argnums=tuple(self._const), jit=jit,
-            fold_options=fold_options, one_value=True, **jit_kwargs,
-        )
+        self._core = make_path(_positional_only(fun, n), dict(
+            constant_argnums=tuple(self._const), jit=jit, fold_options=fold_options, one_value=True, **jit_kwargs,
+        ))
         functools.update_wrapper(self, fun)
-        spec = self._core.specialize(*example_args)
-        self._call = bound_dispatch(self._core, n, self._const, self._full)
+        spec = self._core.specialize(example_args, {})
+        self._call = self._core.dispatcher(n, self._full, bound=self._const)
         if jit and _inlinable(self._core.info, self._const, spec):
             # jax.jit's messages name it (a callable object may have no name)
             self._call.__name__ = self._call.__qualname__ = getattr(self, "__name__", type(fun).__name__)
@@ -88,22 +90,26 @@ class BoundPejitted:
             )
         return interleave(tuple(self._const.items()), args)
 
+    @_compat.api_boundary  # as Pejitted's: an error in the user's function shows no pejit frames
     def lower(self, *args) -> Lowered:
         # Its compiled form is called with the non-constant arguments only.
-        return self._core.lower(*self._full(args)).with_split(lambda a, k: (a, k))
+        return self._core.lower(self._full(args), {}, split=_as_called)
 
+    @_compat.api_boundary
     def trace(self, *args) -> Traced:
         """Trace the folded program: a function of the non-constant arguments,
         the folded constants inside (so ``jax.export`` of this function exports it)."""
-        self._core._require_jit("trace")
-        fun, dyn_args, _ = dynamic_function(self._core, self._full(args), {})
-        return Traced.of(fun.trace(*dyn_args), lambda a, k: (a, k), None)
+        self._core.require_jit("trace")
+        fun, dyn_args, _ = self._core.folded(self._full(args), {})
+        return Traced.of(fun.trace(*dyn_args), _as_called, None)
 
+    @_compat.api_boundary
     def eval_shape(self, *args):
-        return self._core.eval_shape(*self._full(args))
+        return self._core.eval_shape(self._full(args), {})
 
+    @_compat.api_boundary
     def specialize(self, *args) -> Specialization:
-        return self._core.specialize(*self._full(args))
+        return self._core.specialize(self._full(args), {})
 
     def report(self, *args):
         return self.specialize(*args).report
@@ -122,9 +128,14 @@ def _inlinable(info, constants: dict, spec: Specialization) -> bool:
     return plain and all(map(unchangeable, constants.values())) and spec.compilable_in
 
 
-def core_call(bound: BoundPejitted, args: tuple, kwargs: dict | None = None) -> tuple[Pejitted, list]:
-    """The ``Pejitted`` behind the TFC form, and the full arguments of a call."""
+def core_call(bound: BoundPejitted, args: tuple, kwargs: dict | None = None) -> tuple[CallPath | JitPath, list]:
+    """The call path behind the TFC form, and the full arguments of a call."""
     return bound._core, bound._full(args, kwargs)
+
+
+def _as_called(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A staged object's call: the non-constant arguments, as the program takes them."""
+    return args, kwargs
 
 
 def _positional_only(fun: Callable, n: int) -> Callable:

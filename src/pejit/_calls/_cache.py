@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .._fold import _batch
+from ._keys import CallKey
 
 #: Specializations a function keeps by default (``functools.lru_cache``'s
 #: default size). Each holds folded constants on device, so the bound is
@@ -117,10 +118,10 @@ class SpecializationCache:
     ``maxsize=None`` means unbounded; so does ``maxbytes=None`` (the bytes of
     an entry are what ``put`` is told; the newest entry stays, however large).
 
-    Keys of specializations are ``(constants, types)``: the index maps the
-    constants part to the key last used with it (or :data:`SEVERAL`), so
-    that a call which only recognizes its constants finds its entry, and
-    ``jax.jit``'s dispatch checks the rest.
+    A specialization's key is a :class:`~pejit._calls._keys.CallKey`: the
+    index maps its ``constants`` to the key last used with them (or
+    :data:`SEVERAL`), so that a call which only recognizes its constants
+    finds its entry, and ``jax.jit``'s dispatch checks the rest.
     """
 
     def __init__(self, maxsize: int | None = DEFAULT_CACHE_SIZE, maxbytes: int | None = None):
@@ -152,10 +153,10 @@ class SpecializationCache:
         except KeyError:
             return None
 
-    def learn(self, key: Any) -> None:
-        """Index ``key``, ``(constants, types)``, as the one last used with its constants."""
-        if self.index.get(key[0]) is not SEVERAL:
-            self.index[key[0]] = key
+    def learn(self, key: CallKey) -> None:
+        """Index ``key`` as the one last used with its constants."""
+        if self.index.get(key.constants) is not SEVERAL:
+            self.index[key.constants] = key
 
     def latest(self, constants: Any) -> tuple[Any, Any]:
         """The key and entry last used with ``constants`` (now the most recent),
@@ -196,7 +197,7 @@ class SpecializationCache:
     def put(self, key: Any, value: Any, watch: Iterable[Any] = (), nbytes: int = 0, indexed: bool = False) -> None:
         """Store ``value`` (``nbytes`` large); drop it when any object in ``watch`` dies.
 
-        ``indexed``: ``key`` is ``(constants, types)``, and the index learns it.
+        ``indexed``: ``key`` is a :class:`~pejit._calls._keys.CallKey`, and the index learns it.
         """
         if self.maxsize == 0:
             return
@@ -214,7 +215,7 @@ class SpecializationCache:
             self._sizes[key] = nbytes
             self.nbytes += nbytes
             if indexed:
-                self.index[key[0]] = SEVERAL if key[0] in self.index else key
+                self.index[key.constants] = SEVERAL if key.constants in self.index else key
             while len(self.entries) > 1 and (
                 (self.maxsize is not None and len(self.entries) > self.maxsize)
                 or (self.maxbytes is not None and self.nbytes > self.maxbytes)
@@ -226,8 +227,8 @@ class SpecializationCache:
         self.entries.pop(key, None)
         self._watchers.pop(key, None)
         self.nbytes -= self._sizes.pop(key, 0)
-        if isinstance(key, tuple) and key and self.index.get(key[0]) in (key, SEVERAL):
-            del self.index[key[0]]
+        if isinstance(key, CallKey) and self.index.get(key.constants) in (key, SEVERAL):
+            del self.index[key.constants]
 
     def purge(self) -> None:
         with self._lock:
@@ -282,8 +283,8 @@ class Caches:
         # One trace and one fold per key, however many threads ask.
         self.lock = threading.RLock()
 
-    def specialization(self, key: Any, build: Callable[..., tuple[Any, Iterable[Any], int]], *args: Any) -> Any:
-        """The specialization for ``key``, ``(constants, types)``; on a miss,
+    def specialization(self, key: CallKey, build: Callable[..., tuple[Any, Iterable[Any], int]], *args: Any) -> Any:
+        """The specialization for ``key``; on a miss,
         ``build(*args)`` returns it, the objects whose death drops it and its bytes."""
         cache = self.specializations
         value = cache.get(key)

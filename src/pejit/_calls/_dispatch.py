@@ -42,7 +42,12 @@ class Layout(NamedTuple):
     const: tuple[int, ...]
     dyn: tuple[int, ...]
     dynamic: Callable[[tuple], tuple]
-    dispatch: Callable
+    dispatch: Callable | None
+
+    @classmethod
+    def of(cls, const: tuple[int, ...], dyn: tuple[int, ...], dispatch: Callable | None = None) -> Layout:
+        """The layout with constants at ``const`` and dynamic arguments at ``dyn``."""
+        return cls(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
 
 
 _SOURCE = """
@@ -129,7 +134,7 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
 def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple:
     """The memo of a call: its constants' identities, what it holds, its guard, and ``call``.
 
-    ``constants`` is the call's constants' key (``Pejitted._constant_key``).
+    ``constants`` is the call's constants' key (``CallKey.constants``).
     A ``jax.Array`` is recognized by identity (the cache watches it, and its
     death purges the memo), and so is an immutable scalar or string (held).
     A writable NumPy array is held, and the guard checks its bytes

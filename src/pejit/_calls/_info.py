@@ -20,6 +20,12 @@ from .. import _compat
 from .._fold._options import FoldOptions
 from . import _argnums
 from ._cache import DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE
+from ._errors import PEJIT_KEYWORDS
+
+#: Options of a pejit function that are pejit's (its public keywords, and two
+#: the API sets: ``jit``, false for ``pe``, and ``one_value``, for the TFC
+#: form); the others are ``jax.jit``'s.
+PEJIT_OPTIONS = frozenset(PEJIT_KEYWORDS) | {"jit", "one_value"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +35,10 @@ class PejitInfo:
     ``fixed_nums``/``fixed_names``: the constant and static arguments, which
     are concrete while tracing and keyed by value (they only differ in name).
     ``constants``: some argument is constant; without one, a pejit function
-    is ``jax.jit`` itself (see :class:`~pejit._jit.Pejitted`).
-    ``jit_kwargs``: the remaining ``jax.jit`` keywords, for the runner.
+    is ``jax.jit`` itself (see :func:`~pejit._calls._path.make_path`).
+    ``jit_kwargs``: the remaining ``jax.jit`` keywords, for the runner;
+    ``jit_options``: ``jax.jit``'s keywords as given, for a ``jax.jit`` of a
+    function of the same signature (the trace of a residual).
     ``one_value``: the constants never change (the TFC form binds them), so
     each specialization folds concretely, with no folding program.
     """
@@ -49,6 +57,7 @@ class PejitInfo:
     donate_nums: frozenset[int]
     donate_names: frozenset[str]
     jit_kwargs: Mapping[str, Any]
+    jit_options: Mapping[str, Any]
     constants: bool = True
     one_value: bool = False
 
@@ -94,6 +103,7 @@ def parse_pejit_arguments(
     const = resolve("constant_argnums", constant_argnums, "constant_argnames", constant_argnames)
     if not jit and jit_kwargs:
         raise TypeError(f"pe does not compile, so it takes no jax.jit keywords; got {sorted(jit_kwargs)}")
+    given = types.MappingProxyType(dict(jit_kwargs))
     static = _argnums.jit_argnums(
         sig, nargs, jit_kwargs.pop("static_argnums", None), jit_kwargs.pop("static_argnames", None)
     )
@@ -120,9 +130,15 @@ def parse_pejit_arguments(
         donate_nums=donate[0],
         donate_names=donate[1],
         jit_kwargs=types.MappingProxyType(jit_kwargs),
+        jit_options=given,
         constants=constants,
         one_value=one_value,
     )
+
+
+def jit_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``jax.jit`` options among a pejit function's ``options``."""
+    return {k: v for k, v in options.items() if k not in PEJIT_OPTIONS}
 
 
 def fixed_positions(info: PejitInfo, n: int) -> frozenset[int]:
@@ -132,6 +148,13 @@ def fixed_positions(info: PejitInfo, n: int) -> frozenset[int]:
     return info.fixed_nums
 
 
+def positions(info: PejitInfo, n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The constant (and static) positions of a call with ``n`` positional
+    arguments, and the dynamic ones, in order."""
+    fixed = fixed_positions(info, n)
+    return tuple(i for i in range(n) if i in fixed), tuple(i for i in range(n) if i not in fixed)
+
+
 def split_call(info: PejitInfo, args: tuple, kwargs: dict, layout=None):
     """``(const_pos, const_kw, dyn_args, dyn_kwargs)`` of a call.
 
@@ -139,12 +162,7 @@ def split_call(info: PejitInfo, args: tuple, kwargs: dict, layout=None):
     with constant keyword values (sorted). ``layout`` (with ``const`` and
     ``dyn`` positions) saves recomputing the positions.
     """
-    if layout is None:
-        fixed = fixed_positions(info, len(args))
-        const = tuple(i for i in range(len(args)) if i in fixed)
-        dyn = tuple(i for i in range(len(args)) if i not in fixed)
-    else:
-        const, dyn = layout.const, layout.dyn
+    const, dyn = positions(info, len(args)) if layout is None else (layout.const, layout.dyn)
     names = info.fixed_names
     const_pos = tuple((i, args[i]) for i in const)
     const_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in names))

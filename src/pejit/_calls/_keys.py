@@ -21,6 +21,9 @@ A call computes the value key only when the call path's memo misses. A memo
 entry holds the constants it was made for, and its guard (:func:`unchanged`)
 checks that the writable NumPy arrays among them still hold the same bytes,
 by comparing them with a copy, which costs less per call than hashing them.
+
+A call's whole key is a :class:`CallKey`: the value key of its constants,
+the types of its dynamic arguments, and the named axes it runs under.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import enum
 import hashlib
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -57,6 +60,54 @@ class OtherSignature(TypeError):
 
 
 _flatten = jax.tree_util.tree_flatten
+
+
+class CallKey(NamedTuple):
+    """The key of a call's specialization.
+
+    ``constants``: the value keys of the constant (and static) arguments, by
+    position, then ``(KEYWORDS, ((name, key), ...))`` if any was given by
+    keyword (:func:`constants_key`). It is the part the generated dispatcher
+    recognizes by identity, and the part the cache indexes: the call path
+    first tries the specialization last used with these constants, whose
+    ``jax.jit`` dispatch checks the rest.
+    ``types``: the dynamic arguments' types, by position, then by keyword
+    (:func:`types_key`).
+    ``axes``: the named axes the call runs under (``_compat.axis_env_key()``;
+    ``()`` outside a ``vmap`` with an axis name): a function may read them,
+    and folding evaluates what it reads, so they select a specialization, as
+    they select ``jax.jit``'s executable.
+    """
+
+    constants: tuple
+    types: tuple
+    axes: tuple
+
+
+class KEYWORDS:
+    """Tags the constant keywords' part of :attr:`CallKey.constants`."""
+
+
+def constants_key(const: tuple[int, ...], fixed_names: frozenset[str], args: tuple, kwargs: dict) -> tuple:
+    """:attr:`CallKey.constants` of a call: the values at the positions ``const``
+    (a ``jax.Array`` by identity), in order, then the keywords in ``fixed_names``.
+
+    Raises :class:`TracedConstant` for a constant that is a tracer.
+    """
+    key = [constant_key(i, args[i]) for i in const]
+    if kwargs:
+        named = sorted((k, constant_key(k, v)) for k, v in kwargs.items() if k in fixed_names)
+        if named:
+            key.append((KEYWORDS, tuple(named)))
+    return tuple(key)
+
+
+def types_key(dyn: tuple[int, ...], args: tuple, dyn_kwargs: dict) -> tuple:
+    """:attr:`CallKey.types` of a call: the types of the arguments at the positions
+    ``dyn``, then of the dynamic keywords ``dyn_kwargs``, by name."""
+    key = [dynamic_key(args[i], i) for i in dyn]
+    key += [(k, dynamic_key(v, k)) for k, v in sorted(dyn_kwargs.items())]
+    return tuple(key)
 
 
 def constant_key(what: int | str, value: Any) -> Any:

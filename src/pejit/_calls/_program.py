@@ -23,6 +23,9 @@ from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
 from .._fold import _batch, _cost, _offload
+from . import _argnums
+from ._dispatch import Layout
+from ._info import PejitInfo
 from ._keys import OtherSignature
 from .._fold._stats import FoldStats
 from .._fold._primitives import CUSTOM_CALLS, subjaxprs
@@ -348,6 +351,47 @@ def runner(jaxpr, nconsts: int, out_tree, in_tree=None) -> Callable:
         return _tree_unflatten(out_tree, outs)
 
     return run
+
+
+def make_runner(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree, in_tree) -> Callable:
+    """The residual's runner (see :func:`~pejit._calls._program.runner`), named after the
+    function and jitted with its options unless it is ``pe``'s."""
+    run = runner(jaxpr, nconsts, out_tree, in_tree)
+    # The user's name in profiles and dumps: the HLO module is jit_<name>;
+    # and its parameters' names in jax.jit's messages about the arguments.
+    run.__name__ = run.__qualname__ = info.name
+    n = len(layout.const) + len(layout.dyn)
+    run.__signature__ = _argnums.runner_signature(info.signature, nconsts, n, layout.dyn, info.fixed_names)
+    if info.jit:
+        run = jax.jit(run, **jit_kwargs_for(info, layout, nconsts))
+    return run
+
+
+def jit_kwargs_for(info: PejitInfo, layout: Layout, nconsts: int) -> dict:
+    """``jax.jit`` keywords for the runner ``run(*consts, *dyn_args, **dyn_kwargs)``."""
+    nargs = len(layout.const) + len(layout.dyn)
+    dyn_index = {i: nconsts + j for j, i in enumerate(layout.dyn)}
+    kwargs = dict(info.jit_kwargs)
+    donate = [dyn_index[i % nargs] for i in info.donate_nums if -nargs <= i < nargs]
+    if donate:
+        kwargs["donate_argnums"] = tuple(donate)
+    # names the call passes by keyword (the runner's signature takes the others by position)
+    donate_names = info.donate_names - _argnums.positional_names(info.signature, nargs)
+    if donate_names:
+        kwargs["donate_argnames"] = tuple(donate_names)
+    in_shardings = kwargs.get("in_shardings")
+    if isinstance(in_shardings, (tuple, list)):
+        if len(in_shardings) != nargs:
+            raise ValueError(
+                f"in_shardings has {len(in_shardings)} entries but {info.name} "
+                f"was called with {nargs} positional arguments"
+            )
+        kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings[i] for i in layout.dyn))
+    elif isinstance(in_shardings, jax.sharding.Sharding):
+        # One sharding for every argument the user passes; the folded
+        # constants keep the placement folding gave them.
+        kwargs["in_shardings"] = (*[None] * nconsts, *(in_shardings for _ in layout.dyn))
+    return kwargs
 
 
 def _type(aval) -> tuple:

@@ -103,11 +103,6 @@ class Lowered:
     def compile(self, *args, **kwargs) -> Compiled:
         return Compiled(self._lowered.compile(*args, **kwargs), self._split, self._consts)
 
-    def with_split(self, split: Callable) -> Lowered:
-        """This lowering, whose compiled form maps its call's arguments to the
-        residual program's with ``split(args, kwargs) -> (dyn_args, dyn_kwargs)``."""
-        return Lowered(self._lowered, split, self._consts)
-
     def __getattr__(self, name):
         return getattr(self._lowered, name)
 

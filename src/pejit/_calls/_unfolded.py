@@ -8,9 +8,10 @@ a policy that folds nothing (:class:`StageAll`): known values are staged
 (``if A.sum() > 0`` works, as it does under pejit) while every equation
 lands in the jaxpr.
 
-:func:`explained` reports on one ``Pejitted``'s specialization; the entry
-point :func:`pejit.explain`, which accepts every form of function
-(:mod:`pejit._explain`), and ``AutoPejitted.explain`` both build on it.
+:func:`explained` reports on a specialization of one call path
+(:mod:`pejit._calls._path`); the entry point :func:`pejit.explain`, which
+accepts every form of function (:mod:`pejit._explain`), and
+``AutoPejitted.explain`` both build on it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .._fold._primitives import prune
 from .._fold._staging import trace_staging
 from .._reports._report import FoldReport
 from ._argnums import interleave
-from ._info import split_call
+from ._info import PejitInfo, split_call
 from ._keys import dynamic_aval
 from ._specializer import as_jax
 
@@ -55,25 +56,26 @@ class StageAll(Folder):
             return super().materialize(x)
 
 
-def explained(pj: Any, args: tuple, kwargs: dict) -> FoldReport:
-    """The report of ``pj``'s specialization for this call (a ``Pejitted``), with its ``before`` program."""
-    residual = pj.specialize(*args, **kwargs).residual
+def explained(path: Any, args: tuple, kwargs: dict) -> FoldReport:
+    """The report of the specialization of a call on ``path`` (a call path), with its ``before`` program."""
+    residual = path.specialize(args, kwargs).residual
     report = residual.report
     return FoldReport.build(
-        residual.stats, residual.jaxpr, report.fold_seconds, before=original(pj, args, kwargs),
+        residual.stats, residual.jaxpr, report.fold_seconds, before=original(path.info, args, kwargs),
         fallbacks=report.fallbacks,
     )
 
 
-def original(pj: Any, args: tuple, kwargs: dict) -> ClosedJaxpr:
-    """The unfolded program of ``pj`` (a ``Pejitted``) on the dynamic arguments, constants as ``consts``."""
-    const_pos, const_kw, dyn_args, dyn_kwargs = as_jax(split_call(pj.info, args, kwargs))
+def original(info: PejitInfo, args: tuple, kwargs: dict) -> ClosedJaxpr:
+    """The unfolded program of a call of the function ``info`` describes, on its dynamic arguments,
+    constants as ``consts``."""
+    const_pos, const_kw, dyn_args, dyn_kwargs = as_jax(split_call(info, args, kwargs))
     leaves, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
     avals = [dynamic_aval(leaf) for leaf in leaves]
 
     def flat_fun(*leaves):
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
-        out = pj.info.fun(*interleave(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
+        out = info.fun(*interleave(const_pos, dyn_args), **dict(const_kw), **dyn_kwargs)
         return jax.tree_util.tree_leaves(out)
 
     jaxpr, consts = trace_staging(flat_fun, avals, StageAll(), name="explain")
