@@ -59,12 +59,29 @@ def dispatch(*args, **kwargs):
     if dead:
         purge()
     memo = last[0]
-    if memo[0] == {n} and {memo_check} and (memo[-2] is None or memo[-2]()):
-        counts.hits += 1
-        try:
-            return {call}
-        except OtherSignature:
-            counts.hits -= 1
+    if memo[0] == {n} and {memo_check}:
+        guard = memo[-2]
+        if guard is None:
+            counts.hits += 1
+            try:
+                return {call}
+            except OtherSignature:
+                counts.hits -= 1
+        elif memo[-3]:  # the guard checks while the program runs
+            try:
+                out = {call}
+            except OtherSignature:
+                pass
+            else:
+                if guard():
+                    counts.hits += 1
+                    return out
+        elif guard():
+            counts.hits += 1
+            try:
+                return {call}
+            except OtherSignature:
+                counts.hits -= 1
     return uncached({full_args}, kwargs)
 """
 
@@ -131,7 +148,7 @@ def dispatcher(n: int, const: tuple[int, ...], dyn: tuple[int, ...], cache: Fast
     return namespace["dispatch"]
 
 
-def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple:
+def memo(layout: Layout, args: tuple, constants: tuple, call: Callable, after: bool = False) -> tuple:
     """The memo of a call: its constants' identities, what it holds, its guard, and ``call``.
 
     ``constants`` is the call's constants' key (``CallKey.constants``).
@@ -147,6 +164,12 @@ def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple
     any other (a dict, a list: its contents can change under the same
     identity) the guard computes its key again: a flatten, not the whole
     call's key.
+
+    With ``after``, the guard runs once the program is dispatched, while it
+    runs (XLA computes asynchronously, and the check reads the host's
+    memory): a call whose guard fails drops that result and specializes
+    anew. Only for a program that can run in vain: no effects (a print would
+    show twice), no donated arguments (the second run would find them gone).
     """
     consts = [args[i] for i in layout.const]
     held, arrays, trees = [], [], []
@@ -162,7 +185,7 @@ def memo(layout: Layout, args: tuple, constants: tuple, call: Callable) -> tuple
     guard = unchanged(arrays)
     if trees:
         guard = functools.partial(_trees_unchanged, guard, trees)
-    return (len(args), *[id(c) for c in consts], held, guard, call)
+    return (len(args), *[id(c) for c in consts], held, after, guard, call)
 
 
 def _trees_unchanged(arrays: Callable[[], bool] | None, trees: list[tuple]) -> bool:

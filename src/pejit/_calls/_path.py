@@ -186,7 +186,9 @@ class CallPath:
         cache = self.caches.specializations
         if cache.index.get(key.constants) is not key:
             return  # several specializations of these constants: the full key decides
-        cache.touch(key, spec, memo(layout, args, key.constants, spec.call))
+        info = self.info
+        after = not (spec.program.jaxpr.effects or info.donate_nums or info.donate_names)
+        cache.touch(key, spec, memo(layout, args, key.constants, spec.call, after))
 
     def _fallback(self, e: TracedConstant, args: tuple, kwargs: dict):
         """A call with a traced constant: the function, unfolded (a warning says so, once)."""

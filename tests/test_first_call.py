@@ -1,0 +1,128 @@
+"""The first call (issue 72): pejit decides whether folding can pay before it pays for a fold,
+and a cached call's guard of writable NumPy constants runs beside the program.
+
+Decisions are asserted on what was compiled, the specialization and its report, never
+on wall-clock times (``benchmarks/first_call.py`` measures those).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pejit import FoldOptions, pejit
+from pejit._calls._program import AsGiven, FoldingProgram
+from pejit._jit import call_path
+
+from ._util import Compiles, f32_products, primitive_names
+
+rng = np.random.default_rng(0)
+BIG = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
+
+
+def little(a, x):  # a 256x256 product on x; the known work is a 16x16 constant's sum
+    return jnp.tanh(BIG @ x) + jnp.sum(a * a)
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_a_fold_that_cannot_pay_compiles_jax_jits_program_and_nothing_else():
+    a, x = jnp.asarray(rng.standard_normal((16, 16)), jnp.float32), jnp.ones(256)
+    f = pejit(little, constant_argnums=0)
+    with Compiles() as compiles:
+        out = f(a, x)
+    assert compiles.count == 1  # the program itself: no folding program, no eager evaluation
+    spec = f.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven)
+    assert primitive_names(spec.program.jaxpr) == primitive_names(jax.make_jaxpr(little)(a, x).jaxpr)
+    assert spec.consts[-1] is a  # the constant itself, as jax.jit's argument (after BIG, which little closes over)
+    report = f.report(a, x)
+    assert report.unfolded and "stay in the program" in str(report)
+    with f32_products():
+        np.testing.assert_allclose(out, jax.jit(little)(a, x), rtol=1e-6, atol=1e-6)
+    b = a + 1.0  # another value of the structure: passed as it is, nothing traced
+    want = jax.jit(little)(b, x)
+    with Compiles() as compiles:
+        np.testing.assert_allclose(f(b, x), want, rtol=1e-5, atol=1e-5)
+    # the program taking the constants as arguments, which every later value shares (the
+    # first value's compiled its small constants in, as jax.jit does what a function closes over)
+    assert compiles.count == 1 and f.specialize(b, x).consts[-1] is b
+
+
+def test_a_fold_that_pays_folds():
+    def inverse(A, x):
+        return jnp.linalg.inv(A) @ x
+
+    A = BIG + 40 * jnp.eye(256)
+    f = pejit(inverse, constant_argnums=0)
+    with f32_products():
+        np.testing.assert_allclose(f(A, jnp.ones(256)), inverse(A, jnp.ones(256)), rtol=1e-5, atol=1e-6)
+    spec = f.specialize(A, jnp.ones(256))
+    assert isinstance(spec.program.folding_program, FoldingProgram)
+    assert primitive_names(spec.program.jaxpr) == ["dot_general"]
+
+
+def test_min_gain_zero_folds_whatever_is_known():
+    a, x = jnp.ones((16, 16)), jnp.ones(256)
+    spec = pejit(little, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0)).specialize(a, x)
+    assert isinstance(spec.program.folding_program, FoldingProgram)
+    assert "reduce_sum" not in primitive_names(spec.program.jaxpr)
+
+
+def test_a_trace_that_needs_values_folds_each_value():
+    def branchy(a, x):
+        return x * 2.0 if float(a.sum()) > 0 else x
+
+    f = pejit(branchy, constant_argnums=0)
+    np.testing.assert_allclose(f(jnp.ones(3), jnp.ones(3)), 2 * jnp.ones(3))
+    (note,) = f.report(jnp.ones(3), jnp.ones(3)).fallbacks
+    assert "needs constant values" in note
+    np.testing.assert_allclose(f(-jnp.ones(3), jnp.ones(3)), jnp.ones(3))
+
+
+# -- the guard of writable NumPy constants, beside the run ------------------------------
+def _memo(f):
+    return call_path(f).caches.fast_path().last[0]
+
+
+@pytest.mark.filterwarnings("ignore::pejit.WritableConstantWarning")
+def test_a_mutated_constant_seen_after_dispatch_gives_the_new_value():
+    A = np.asarray(rng.standard_normal((64, 64)), np.float32)  # writable: guarded by its bytes
+    f = pejit(lambda A, x: jnp.linalg.inv(A + 10 * np.eye(64, dtype=np.float32)) @ x, constant_argnums=0)
+    x = jnp.ones(64)
+    first = f(A, x)
+    f(A, x)
+    *_, after, guard, _ = _memo(f)
+    assert after and guard is not None  # no effects, no donation: the guard runs while the program does
+    A[0, 0] += 1.0  # the program now running would use the old value
+    with f32_products():
+        want = jnp.linalg.inv(jnp.asarray(A) + 10 * jnp.eye(64)) @ x
+        np.testing.assert_allclose(f(A, x), want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(f(A, x), first)
+
+
+@pytest.mark.filterwarnings("ignore::pejit.WritableConstantWarning")
+def test_the_guard_runs_first_where_the_program_has_effects_or_donates():
+    A = np.asarray(rng.standard_normal((64, 64)), np.float32)
+    seen = []
+
+    def printing(A, x):
+        jax.debug.callback(lambda v: seen.append(float(v)), x[0])
+        return jnp.linalg.inv(A + 10 * np.eye(64, dtype=np.float32)) @ x
+
+    f = pejit(printing, constant_argnums=0)
+    x = jnp.ones(64)
+    f(A, x)
+    f(A, x)
+    assert not _memo(f)[-3]
+    A[0, 0] += 1.0
+    seen.clear()
+    f(A, x)
+    jax.effects_barrier()
+    assert seen == [1.0]  # the effect ran once: the stale program was never dispatched
+    g = pejit(lambda A, x: jnp.linalg.inv(A + 10 * np.eye(64, dtype=np.float32)) @ x, constant_argnums=0,
+              donate_argnums=1)
+    g(A, jnp.ones(64))
+    g(A, jnp.ones(64))
+    assert not _memo(g)[-3]
