@@ -410,13 +410,15 @@ def custom_main():
 
 CUSTOM = (diffrax_custom_case, optimistix_custom_case, equinox_custom_case)
 CASES = (equinox_case, flax_case, lineax_case, optimistix_case, diffrax_case)
-#: What builds every program of this file, by library: ``benchmarks/first_call.py`` runs them one by one.
-PROGRAMS = (equinox_programs, flax_programs, lineax_programs, optimistix_programs, diffrax_programs, custom_programs)
 
 
 def custom_programs() -> dict[str, Program]:
     """The programs of the cases of issue 47 (``--custom``), by name."""
     return {case.name: case.program() for case in (make() for make in CUSTOM)}
+
+
+#: What builds every program of this file, by library: ``benchmarks/first_call.py`` runs them one by one.
+PROGRAMS = (equinox_programs, flax_programs, lineax_programs, optimistix_programs, diffrax_programs, custom_programs)
 
 
 def main():

@@ -269,10 +269,19 @@ def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree,
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars[:nconsts]]
         dyn_args, dyn_kwargs = _tree_unflatten(
             in_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals])
-        spare.submit(run.lower(*specs, *dyn_args, **dyn_kwargs).compile)
     except Exception:  # noqa: BLE001 - a constant JAX cannot describe so (a token): compiled when called
-        pass
+        return run
+    spare.submit(_compile_quietly, run, specs, dyn_args, dyn_kwargs)  # lowered there too: both beside the fold
     return run
+
+
+def _compile_quietly(run, specs, dyn_args, dyn_kwargs) -> None:
+    """Lower and compile ``run`` for these arguments (JAX caches the executable); a failure is
+    left to the call, which compiles it again and raises there."""
+    try:
+        run.lower(*specs, *dyn_args, **dyn_kwargs).compile()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def shared_program(
@@ -284,11 +293,17 @@ def shared_program(
     made for the first value is kept, and a value it does not hold for gets
     a residual program of its own (see :class:`~pejit._residual._partial_eval.SharePlan`).
     ``run``, a runner of the residual taking every constant (see
-    :func:`runner_ahead`), serves if none is equal or uniform.
+    :func:`runner_ahead`), serves if none is equal or uniform, or where
+    passing them once would not pay for compiling the residual again
+    (:func:`pejit._fold._cost.share_pays`).
     """
     folding = program.folding_program
     jaxpr = folding.residual
     plan = share_constants(jaxpr, consts) if info.fold_options.literals else None
+    if plan is not None and run is not None and not _cost.share_pays(
+            sum(nbytes(_compat.typeof(c)) for i, c in enumerate(consts) if i not in plan.keep),
+            _cost.jaxpr_cost(jaxpr), info.fold_options.min_gain):
+        plan = None
     if plan is not None:
         jaxpr, consts = plan.jaxpr, plan.select(consts)
     consts = [to_device(c) for c in consts]  # a uniform one may be a NumPy broadcast

@@ -22,6 +22,8 @@ The decisions, and who asks:
   affine collapse (``pejit._residual._collapse``); :func:`reassociation_pays`:
   the products rule (``rules.products``);
 * :func:`compiled_in`: small folded constants compiled into the program;
+  :func:`share_pays`: equal and uniform ones passed once where a residual
+  taking them all is compiled already (``_calls._specializer``);
 * :func:`promotion_pays`: ``constant_argnums="auto"``.
 
 Estimates are lower bounds where a primitive has no rule (it counts the
@@ -360,6 +362,13 @@ def collapse_pays(before: Cost, after: Cost) -> bool:
     return after.seconds() <= COLLAPSE_PAYS * before.seconds()
 
 
+def share_pays(saved_bytes: int, program: Cost, min_gain: float) -> bool:
+    """Whether passing equal folded constants once, and uniform ones as broadcasts of a
+    literal, pays for a residual of its own where one taking them all is compiled already:
+    it saves reading ``saved_bytes`` a call of a ``program`` (as :func:`fold_pays`)."""
+    return fold_pays(Cost(bytes=saved_bytes), program, min_gain)
+
+
 #: The most bytes of folded constants compiled into a program (as HLO constants: a
 #: second copy, and compile time that grows with them).
 INLINE_BYTES = 1 << 20
@@ -458,5 +467,6 @@ __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
     "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_off", "one_program_pays",
-    "program_cost", "promotion_pays", "reassociation_pays", "register_cost_rule", "run_compiles", "stays_lazy",
+    "program_cost", "promotion_pays", "reassociation_pays", "register_cost_rule", "run_compiles", "share_pays",
+    "stays_lazy",
 ]
