@@ -37,24 +37,31 @@ from .._fold._options import FoldOptions
 from .._fold._primitives import subjaxprs
 from .._fold._staging import ClosedOverTracer
 from .._residual._collapse import collapsible
-from ._keys import is_array
+from ._keys import OtherSignature, is_array
 from ._program import PerValue, why_per_value
 
 
 @dataclasses.dataclass(frozen=True)
 class Traced:
     """The function traced as ``jax.jit`` traces it: ``jaxpr`` takes the constant array
-    leaves, then the dynamic leaves; ``out_tree`` is its output's structure."""
+    leaves, then the dynamic leaves; ``out_tree`` is its output's structure. ``run`` is
+    the ``jax.jit`` function that traced it, ``run(*constant arrays, *dynamic arguments,
+    **dynamic keywords)``: called for these types, it compiles ``jaxpr`` without tracing
+    the function again (``jax.jit`` keeps its trace)."""
 
     jaxpr: ClosedJaxpr
     out_tree: Any
     arrays: int  # how many leading inputs are constant arrays
+    run: Callable
 
 
-def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any]) -> Traced | PerValue:
+def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any],
+          jit_kwargs: dict | None = None, dynamic: tuple | None = None) -> Traced | PerValue:
     """The function (``bind(const_vals, in_tree, out_trees)``, a function of the flat
-    dynamic leaves) traced with its constant arrays abstract, or why each value must be
-    traced concretely (the trace needs their values).
+    dynamic leaves) traced by ``jax.jit`` (with ``jit_kwargs``) with its constant arrays
+    abstract, or why each value must be traced concretely (the trace needs their values).
+    ``dynamic``, the call's ``(dyn_args, dyn_kwargs)``: traced as given (``jax.jit`` keeps
+    a trace by what it is given, a NumPy array as such), else of the types ``avals``.
 
     Any failure counts, since JAX reports a missing value in many ways
     (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
@@ -69,28 +76,42 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     out_trees: list = []
     traces: list = []
 
-    def plain(*leaves):
-        traces.append(weakref.ref(_compat.core_trace()))
-        it = iter(leaves[: len(arrays)])
-        vals = jax.tree_util.tree_unflatten(const_tree, [next(it) if a else s for s, a in zip(statics, is_arrays)])
-        return bind(vals, in_tree, out_trees)(*leaves[len(arrays):])
+    types = [_type(a) for a in avals]
 
+    def plain(*args, **kwargs):
+        traces.append(weakref.ref(_compat.core_trace()))
+        leaves, tree = jax.tree_util.tree_flatten((args[len(arrays):], kwargs))
+        if tree != in_tree or [_type(jax.typeof(leaf)) for leaf in leaves] != types:
+            raise OtherSignature(f"this program was traced for dynamic arguments of structure {in_tree}, "
+                                 f"called with {tree}: call the pejit function, which specializes again")
+        it = iter(args[: len(arrays)])
+        vals = jax.tree_util.tree_unflatten(const_tree, [next(it) if a else s for s, a in zip(statics, is_arrays)])
+        outs = bind(vals, in_tree, out_trees)(*leaves)
+        return jax.tree_util.tree_unflatten(out_trees[-1], outs)
+
+    run = jax.jit(plain, **(jit_kwargs or {}))
     try:
-        structs = [_struct(jax.typeof(a)) for a in arrays] + [_struct(a) for a in avals]
-        closed = jax.make_jaxpr(plain)(*structs)
+        if dynamic is None:
+            dynamic = jax.tree_util.tree_unflatten(in_tree, [_struct(a) for a in avals])
+        traced = run.trace(*arrays, *dynamic[0], **dynamic[1])
     except ClosedOverTracer:  # no value would help
         raise
     except Exception as e:  # noqa: BLE001 -- see above
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})")
+    closed = traced.jaxpr
     reason = why_per_value(closed.jaxpr, traces)
     if reason is not None:
         return PerValue(reason)
-    return Traced(closed, out_trees[-1], len(arrays))
+    return Traced(closed, out_trees[-1], len(arrays), run)
 
 
 def _struct(aval) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))
+
+
+def _type(aval) -> tuple:
+    return aval.shape, aval.dtype, getattr(aval, "weak_type", False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -295,8 +295,8 @@ class CallPath:
             return self._jitted.lower(*args, **kwargs)
         spec, layout = self._lookup(args, kwargs)
         dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
-        lowered = spec.run.lower(*spec.consts, *dyn_args, **dyn_kwargs)
-        return Lowered(lowered, split or self._checker(args, kwargs), spec.consts)
+        lowered = spec.run.lower(*spec.passed, *dyn_args, **dyn_kwargs)
+        return Lowered(lowered, split or self._checker(args, kwargs), spec.passed)
 
     def trace(self, args: tuple, kwargs: dict) -> Traced:
         """The function traced for a call: the residual of its specialization, in the function's signature."""

@@ -47,18 +47,22 @@ class Program:
     specialization, which owns its program alone.
     """
 
-    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program", "compiled_in")
+    __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program", "compiled_in",
+                 "closes_over")
 
     def __init__(
         self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
-        folding_program: FoldingProgram | AsGiven | None,
+        folding_program: FoldingProgram | AsGiven | None, closes_over: int = 0,
     ):
         self.jaxpr = jaxpr  # the open residual jaxpr; its first nconsts inputs are the folded constants
         self.nconsts = nconsts
         self.out_tree = out_tree
         self.stats = stats  # what the trace folded, for the reports of its specializations
         self.fallbacks = fallbacks
-        self.run = run  # run(*consts, *dyn_args, **dyn_kwargs)
+        # run(*consts[closes_over:], *dyn_args, **dyn_kwargs): the leading ``closes_over``
+        # constants are the runner's own (jax.jit's program closes over them: see AsGiven)
+        self.run = run
+        self.closes_over = closes_over
         self.folding_program = folding_program
         self.compiled_in = False  # a specialization compiled its constants in (see Specialization.compile_in)
 
@@ -203,9 +207,14 @@ class Specialization:
     def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None):
         self.program = program
         self.consts = consts
-        self.call = functools.partial(program.run, *consts)
+        self.call = functools.partial(program.run, *self.passed)
         self.fold_seconds = fold_seconds
         self._residual = residual
+
+    @property
+    def passed(self) -> list:
+        """The constants the runner is given (not those it closes over itself)."""
+        return self.consts[self.program.closes_over:]
 
     @property
     def compilable_in(self) -> bool:
@@ -236,8 +245,9 @@ class Specialization:
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """
-        if not self.consts or self.program.compiled_in or not self.compilable_in:
-            return
+        if (not self.consts or self.program.compiled_in or not self.compilable_in
+                or isinstance(self.program.folding_program, AsGiven)):
+            return  # (jax.jit's own program, which folds nothing: run as jax.jit runs it, the constants passed)
         self.program.compiled_in = True
         # the runner itself, not its jax.jit (whose options are for the outermost jit)
         run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts

@@ -35,7 +35,8 @@ from ._cache import SpecializationCache
 from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import dynamic_aval, is_array, structure_key
-from ._program import AsGiven, FoldingProgram, PerValue, Program, Specialization, inlinable, make_runner, why_per_value
+from ._program import (AsGiven, FoldingProgram, PerValue, Program, Specialization, inlinable, jit_kwargs_for,
+                       make_runner, why_per_value)
 from .._residual._partial_eval import fold, share_constants, to_device
 from .._fold._staging import ClosedOverTracer
 from .._fold._values import Compactor, nbytes
@@ -82,7 +83,7 @@ def specialize(
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
             traced = _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree,
-                                 avals)
+                                 avals, jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs))
             seen = None if isinstance(traced, PerValue) else _look.look(traced, info.fold_options, info.jit)
         if seen is None:
             program = traced
@@ -229,10 +230,10 @@ def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: lis
 
 
 def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: list, in_tree):
-    """The program of a structure whose fold cannot pay (``seen``): ``jax.jit``'s
-    own, the constants its leading arguments (compiled in where small, as ``jax.jit``
-    compiles what a function closes over: see ``Specialization.compile_in``); each
-    value's constants are passed as they are (:class:`~pejit._calls._program.AsGiven`)."""
+    """The program of a structure whose fold cannot pay (``seen``): ``jax.jit``'s own,
+    the constants its leading arguments, run by the ``jax.jit`` function that traced it
+    (compiled at the first call, with no second trace); each value's constants are passed
+    as they are (:class:`~pejit._calls._program.AsGiven`)."""
     jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
     as_given = AsGiven(consts)
     stats = FoldStats()
@@ -241,8 +242,11 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
         stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
-    run = make_runner(info, layout, jaxpr, nconsts, seen.traced.out_tree, in_tree)
-    program = Program(jaxpr, nconsts, seen.traced.out_tree, stats, (), run, as_given)
+    if info.jit:
+        run, closes_over = seen.traced.run, len(consts)
+    else:  # pe: the traced program, equation by equation
+        run, closes_over = make_runner(info, layout, jaxpr, nconsts, seen.traced.out_tree, in_tree), 0
+    program = Program(jaxpr, nconsts, seen.traced.out_tree, stats, (), run, as_given, closes_over)
     return program, place(info, as_given(*arrays), jax.device_put)
 
 
