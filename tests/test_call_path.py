@@ -277,11 +277,11 @@ def _frames_entered(call) -> list[str]:
     the code it generates or evaluates (a file named ``<string>`` too); not those of
     ``_compat``'s shims of older JAX versions (JAX 0.7's current trace is read through one)."""
     root, names = os.path.dirname(pejit.__file__), []
-    shims = os.path.join(root, "_compat.py")
+    shims = os.path.join(root, "_compat", "")
 
     def profile(frame, event, arg):
         filename = frame.f_code.co_filename
-        if event == "call" and (filename.startswith(root) or filename == "<string>") and filename != shims:
+        if event == "call" and (filename.startswith(root) or filename == "<string>") and not filename.startswith(shims):
             names.append(frame.f_code.co_name)
 
     sys.setprofile(profile)
