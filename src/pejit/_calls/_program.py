@@ -22,7 +22,7 @@ import numpy as np
 from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
-from .._fold import _batch, _flops, _offload
+from .._fold import _batch, _offload
 from ._keys import OtherSignature
 from .._fold._stats import FoldStats
 from .._fold._primitives import CUSTOM_CALLS, subjaxprs
@@ -60,18 +60,6 @@ class Program:
         self.compiled_in = False  # a specialization compiled its constants in (see Specialization.compile_in)
 
 
-#: XLA's options for a folding program of little work, which runs once per
-#: value: its optimization passes cost more than they save (the MJX humanoid
-#: model's folding program, 754 equations of indexing and arithmetic on the
-#: model, compiled in 3.2 s at level 0 against 6.8 s, with the same constants).
-ONE_OFF = {"xla_backend_optimization_level": 0}
-
-#: The most estimated work (:func:`pejit._fold._flops.jaxpr_cost`) of a folding
-#: program compiled with :data:`ONE_OFF`: unoptimized code is a few times
-#: slower, which at this size costs milliseconds.
-ONE_OFF_COST = 1e7
-
-
 class FoldingProgram:
     """Constant arrays in, folded constants out: a value-independent fold.
 
@@ -83,6 +71,12 @@ class FoldingProgram:
     change: the program is then compiled once, and each new value costs one
     run of it. One that cannot be compiled (a primitive with only an
     ``impl``) keeps being evaluated equation by equation.
+
+    It is compiled as ``jax.jit`` compiles, whatever its size: XLA's
+    optimization level changes rounding (at level 0 XLA:CPU sums a
+    transposed array in another order, and contracts ``a * b + c`` and
+    ``rsqrt`` differently), so an unoptimized program would fold other
+    values than the first value's evaluation and ``jax.jit`` give.
     """
 
     def __init__(self, traced: jax.stages.Traced, backend: str = "auto"):
@@ -137,11 +131,7 @@ class FoldingProgram:
     def __call__(self, *arrays) -> list:
         if self.compiled is None and self._compilable:
             try:
-                lowered = self.traced.lower()
-                if _flops.jaxpr_cost(self.traced.jaxpr) < ONE_OFF_COST:
-                    self.compiled = lowered.compile(compiler_options=ONE_OFF)
-                else:
-                    self.compiled = lowered.compile()
+                self.compiled = self.traced.lower().compile()
             except Exception:  # no lowering for some folded primitive
                 self._compilable = False
         if self.compiled is None:
