@@ -1,0 +1,65 @@
+"""Derivatives of pejit functions as JAX's own suites check them (issue 71): ``check_grads``
+at orders 1 and 2, forward and reverse, w.r.t. the dynamic arguments, the others folded.
+
+Folding makes values known that JAX's own tracing would leave linear, and gives the
+constants symbolic zero tangents. Two kinds of JAX rule cannot take that: a transpose
+rule that assumes a known input beside a linear one is impossible (``pad``'s, with its
+operand folded and its padding value differentiated), and a JVP rule that cannot take
+a symbolic zero tangent beside a nonzero one (``lax.reduce`` of several operands).
+Plain JAX fails on both where the same argument is a constant (closed over, or not
+differentiated); JAX's tests pass because they perturb every argument, as the
+references here do.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.test_util import check_grads
+
+from pejit import pejit
+
+pytestmark = pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+
+RNG = np.random.default_rng(0)
+C = RNG.standard_normal((2, 3)).astype(np.float32)
+PADS = {"edges and interior": [(1, 2, 1), (0, 1, 0)], "negative": [(-1, 0, 0), (-1, 0, 2)]}
+
+
+def padded(c, v, pads):
+    return jnp.sin(lax.pad(c, v, pads))  # nonlinear, so that second derivatives are not zero
+
+
+@pytest.mark.parametrize("pads", PADS.values(), ids=PADS)
+def test_a_padding_value_differentiated_beside_a_folded_operand(pads):
+    # JAX's pad transposes its padding value only with its operand linear too; here the
+    # operand is a constant, and so is its zero tangent in the derivative's fold
+    pf = pejit(lambda c, v: padded(c, v, pads), constant_argnums=0)
+    v = np.float32(0.3)
+    check_grads(lambda v: pf(C, v), (v,), 2, ["fwd", "rev"], eps=1e-2)
+    # against JAX's own derivatives with both arguments perturbed (all it can take)
+    loss = lambda c, v: padded(c, v, pads).sum()  # noqa: E731
+    np.testing.assert_allclose(jax.grad(lambda v: pf(C, v).sum())(v), jax.grad(loss, (0, 1))(C, v)[1], rtol=1e-6)
+    want = jax.hessian(loss, (0, 1))(C, v)[1][1]
+    for hessian in (jax.hessian, lambda f: jax.jacrev(jax.jacrev(f)), lambda f: jax.jacrev(jax.jacfwd(f))):
+        np.testing.assert_allclose(hessian(lambda v: pf(C, v).sum())(v), want, rtol=1e-5)
+    # the TFC form folds the same way
+    tfc = pejit(C, v, constant_arg_nums=[0])(lambda c, v: padded(c, v, pads))
+    check_grads(tfc, (v,), 2, ["fwd", "rev"], eps=1e-2)
+
+
+def test_a_pad_of_a_folded_operand_is_the_same_values_and_stores_the_operand():
+    # it is staged as a select between the padded operand and the padding value:
+    # exact for every value, and the residual still stores the operand alone
+    c = np.arange(12, dtype=np.float32).reshape(3, 4)
+    c[0, :3] = -0.0, np.inf, np.nan
+    f = lambda c, v: lax.pad(c, v, [(1, 2, 1), (-1, 1, 0)])  # noqa: E731
+    pf = pejit(f, constant_argnums=0)
+    for v in map(np.float32, (1.5, -0.0, np.nan, -np.inf)):
+        assert np.asarray(pf(c, v)).tobytes() == np.asarray(jax.jit(f)(c, v)).tobytes()
+    spec = pf.specialize(c, np.float32(0))
+    assert [np.shape(k) for k in spec.consts] == [c.shape]
+    assert "pad" not in [e.primitive.name for e in jax.make_jaxpr(jax.grad(lambda v: pf(c, v).sum()))(1.0).eqns]
