@@ -63,3 +63,60 @@ def test_a_pad_of_a_folded_operand_is_the_same_values_and_stores_the_operand():
     spec = pf.specialize(c, np.float32(0))
     assert [np.shape(k) for k in spec.consts] == [c.shape]
     assert "pad" not in [e.primitive.name for e in jax.make_jaxpr(jax.grad(lambda v: pf(c, v).sum()))(1.0).eqns]
+
+
+XS = RNG.standard_normal((4, 5)).astype(np.float32)
+YS = RNG.standard_normal((4, 5)).astype(np.float32)
+INITS = (np.float32(0), np.float32(1))
+
+
+def reduce_pair(xs, ys):
+    """A sum of ``xs`` and a product of ``ys`` in one ``lax.reduce``."""
+    return lax.reduce((xs, ys), INITS, lambda a, b: (a[0] + b[0], a[1] * b[1]), (0,))
+
+
+def test_a_reduce_of_a_folded_operand_and_a_differentiated_one():
+    # JAX's JVP rule of a reduce of several operands reshapes each tangent, a symbolic
+    # zero too: jax.jvp fails where an operand is a constant. The derivative is folded
+    # again with zero arrays as the constants' tangents, once, and its report says so.
+    traced = []
+
+    def fun(xs, ys):
+        traced.append(1)
+        return reduce_pair(xs, ys)
+
+    pf = pejit(fun, constant_argnums=0)
+    check_grads(lambda ys: pf(XS, ys), (YS,), 2, ["fwd", "rev"], rtol=1e-2, atol=1e-2)
+    loss = lambda xs, ys: sum(o.sum() for o in reduce_pair(xs, ys))  # noqa: E731
+    grad = jax.grad(lambda ys: sum(o.sum() for o in pf(XS, ys)))
+    np.testing.assert_allclose(grad(YS), jax.grad(loss, (0, 1))(XS, YS)[1], rtol=1e-6)
+    before = len(traced)
+    grad(2 * YS)
+    assert len(traced) == before  # the fold that failed is not tried again
+    notes = [n for spec in pf._derivative()._caches.specializations.values() for n in spec.report.fallbacks]
+    assert notes and all("perturbed by zero tangents" in n and "reshape" in n for n in notes)
+
+
+def test_an_error_of_the_function_in_its_derivative_is_raised_as_it_is():
+    @jax.custom_jvp
+    def scaled(c, y):
+        return c * y
+
+    @scaled.defjvp
+    def _(primals, tangents):
+        raise ValueError("the rule's own error")
+
+    pf = pejit(scaled, constant_argnums=0)
+    for derivative in (jax.grad(lambda y: pf(XS, y).sum()), lambda y: jax.jvp(lambda y: pf(XS, y), (y,), (y,))):
+        with pytest.raises(ValueError, match="the rule's own error"):
+            derivative(YS)
+
+
+def test_derivatives_of_the_constants_alone_are_not_folded_by_default():
+    # the constants' tangents are symbolic zeros: their work has no tangent to fold
+    pf = pejit(lambda a, y: jnp.linalg.inv(a) @ y, constant_argnums=0)
+    a = jnp.asarray(RNG.standard_normal((6, 6)), jnp.float32) + 6 * jnp.eye(6)
+    jax.grad(lambda y: pf(a, y).sum())(jnp.ones(6))
+    (spec,) = pf._derivative()._caches.specializations.values()
+    assert not spec.report.fallbacks
+    assert [e.primitive.name for e in spec.residual.jaxpr.eqns].count("dot_general") == 2  # value and tangent
