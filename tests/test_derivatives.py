@@ -51,6 +51,28 @@ def test_a_padding_value_differentiated_beside_a_folded_operand(pads):
     check_grads(tfc, (v,), 2, ["fwd", "rev"], eps=1e-2)
 
 
+SECOND_ORDER = {
+    "jacfwd(jacrev)": lambda f: jax.jacfwd(jax.jacrev(f)),
+    "jacrev(jacfwd)": lambda f: jax.jacrev(jax.jacfwd(f)),
+    "jacrev(jacrev)": lambda f: jax.jacrev(jax.jacrev(f)),
+    "jacfwd(jacfwd)": lambda f: jax.jacfwd(jax.jacfwd(f)),
+}
+
+
+@pytest.mark.parametrize("order", SECOND_ORDER.values(), ids=SECOND_ORDER)
+def test_second_derivatives_through_a_folded_constant(order):
+    # jax.jacrev of jax.jacfwd linearizes the derivative's rule under vmap: on JAX 0.12,
+    # which stages a custom_jvp call under partial evaluation with no output known, the
+    # rule's own pejit call must not hand JAX another one there
+    f = lambda c, v: jnp.sin(jnp.linalg.inv(c) @ v)  # noqa: E731
+    c = jnp.asarray(RNG.standard_normal((3, 3)), jnp.float32) + 3 * jnp.eye(3)
+    v = jnp.asarray(RNG.standard_normal(3), jnp.float32)
+    pf = pejit(f, constant_argnums=0)
+    want = jax.jit(order(lambda v: f(c, v)))(v)
+    np.testing.assert_allclose(order(lambda v: pf(c, v))(v), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(order(lambda v: pf(c, v)))(v), want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_pad_of_a_folded_operand_is_the_same_values_and_stores_the_operand():
     # it is staged as a select between the padded operand and the padding value:
     # exact for every value, and the residual still stores the operand alone
@@ -94,7 +116,7 @@ def test_a_reduce_of_a_folded_operand_and_a_differentiated_one():
     grad(2 * YS)
     assert len(traced) == before  # the fold that failed is not tried again
     notes = [n for spec in pf._derivative()._caches.specializations.values() for n in spec.report.fallbacks]
-    assert notes and all("perturbed by zero tangents" in n and "reshape" in n for n in notes)
+    assert notes and all("perturbed by zero tangents" in n and "Zero" in n for n in notes)  # the symbolic zero
 
 
 def test_an_error_of_the_function_in_its_derivative_is_raised_as_it_is():

@@ -61,10 +61,11 @@ def traced_call(derivative: Callable, call: Callable, const_pos: tuple, const_kw
     ``derivative`` is the child pejit function of :func:`jvp_of`; the call's
     constant (and static) arguments are ``const_pos`` (positions and
     values) and ``const_kw`` (names and values). A call whose dynamic
-    arguments are all values runs as it is: nothing differentiates it.
+    arguments are all values runs as it is: nothing differentiates it; so
+    does one that only partial evaluation will see (:func:`_partially_evaluated`).
     """
     leaves, tree = _tree_flatten((dyn_args, dyn_kwargs))
-    if not any(isinstance(leaf, _compat.Tracer) for leaf in leaves):
+    if not any(isinstance(leaf, _compat.Tracer) for leaf in leaves) or _partially_evaluated():
         return call(*dyn_args, **dyn_kwargs)
 
     def primal(*leaves):
@@ -80,6 +81,22 @@ def traced_call(derivative: Callable, call: Callable, const_pos: tuple, const_kw
     fun = jax.custom_jvp(primal)
     fun.defjvp(rule, symbolic_zeros=True)
     return fun(*leaves)
+
+
+def _partially_evaluated() -> bool:
+    """Whether a call here reaches partial evaluation through ``jax.vmap``'s traces alone.
+
+    ``jax.linearize`` runs a JVP rule under partial evaluation (a
+    ``JaxprTrace``), which needs no derivative rule, only the known outputs
+    split from the tangents; since JAX 0.12 it stages a ``custom_jvp`` call
+    whole, with no output known, and the linearization fails. ``Pejitted._run``
+    calls the residual there; under ``vmap``'s traces (``jax.jacrev`` of
+    ``jax.jacfwd``), which pass the call on batched, so does this.
+    """
+    trace = _compat.TRACE.value
+    while getattr(trace, "axis_data", None) is not None:  # vmap's (a BatchTrace): it binds on its parent
+        trace = trace.parent_trace
+    return isinstance(trace, _compat.JaxprTrace)
 
 
 def _derivative_of(derivative: Callable, consts: tuple, pattern: tuple, primals: list, tangents: list):
