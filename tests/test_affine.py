@@ -26,6 +26,7 @@ def _f32_products():
 rng = np.random.default_rng(0)
 C1, C2, C3 = (rng.standard_normal((32, 32)).astype(np.float32) / 6 for _ in range(3))
 X = rng.standard_normal(32).astype(np.float32)
+A32 = (np.eye(32) + np.random.default_rng(32).standard_normal((32, 32)) / 16).astype(np.float32)
 
 
 def prims(closed) -> list[str]:
@@ -311,6 +312,24 @@ def test_expansion_along_batch_and_contracting_dimensions():
     a = np.float64(A3)
     np.testing.assert_allclose(got[0], a @ np.float64(x).sum(0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[1], np.float64(y) @ a.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("orient", ["C.T @ v", "v @ C.T"])
+def test_a_product_with_a_known_transpose_reads_its_source(orient):
+    # a backward rule's inv(A).T @ g: the transpose is read through the product's
+    # dimension numbers (as XLA reads it under jax.jit), not stored beside inv(A)
+    back = (lambda c, v: c.T @ v) if orient == "C.T @ v" else (lambda c, v: v @ c.T)  # noqa: E731
+
+    def f(a, x):
+        inv = jnp.linalg.inv(a)
+        return back(inv, jnp.tanh(inv @ x))
+
+    inv = np.linalg.inv(np.float64(A32))
+    want = back(inv, np.tanh(inv @ np.float64(X)))
+    for residual, got in both_forms(f, (A32,), X):
+        assert [c.shape for c in residual.consts] == [(32, 32)]  # inv(A), once
+        assert "transpose" not in prims(residual.jaxpr)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_large_expansion_is_not_stored():

@@ -260,24 +260,24 @@ def test_closures_over_constants_trace_per_value(fun, reason):
             np.testing.assert_allclose(jax.grad(lambda x: f(a, x).sum())(x), want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("n, one_off", [(8, True), (512, False)], ids=["little work", "much work"])
-def test_a_folding_program_of_little_work_compiles_unoptimized(monkeypatch, n, one_off):
-    # A second value compiles the folding program; where its work is small, XLA's
-    # optimization passes would cost more than they save on a run per value.
-    from pejit._calls._program import ONE_OFF
+def test_a_folding_program_folds_what_jax_jit_computes():
+    # A second value runs the compiled folding program. Compiled at another
+    # optimization level than jax.jit's, XLA:CPU rounds rsqrt and sums a
+    # transposed array differently (JAX's linalg_test testRsf2csf0 and
+    # lax_numpy_reducers_test testAverageNDWeights3 then failed by a few ulps).
+    def known(a):
+        return lax.rsqrt(jnp.abs(a) + 1.0), lax.reduce_sum(lax.reshape(a[:4, :6], (2, 3, 4), dimensions=(1, 0)), (2, 0, 1))
 
-    options = []
-    compile_ = jax.stages.Lowered.compile
+    def fun(a, x):
+        r, s = known(a)
+        return r @ x, s * x
 
-    def compile_watched(self, *args, **kwargs):
-        if "folding_program" in self.as_text()[:200]:
-            options.append(kwargs.get("compiler_options"))
-        return compile_(self, *args, **kwargs)
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-    f = pejit(lambda a, x: jnp.sin(a @ a) @ x, constant_argnums=0)
-    x = jnp.ones(n)
-    for value in (a, a + 1):
-        np.testing.assert_allclose(f(value, x), jnp.sin(value @ value) @ x, rtol=2e-3, atol=2e-3)
-    assert options == [ONE_OFF if one_off else None]
+    f = pejit(fun, constant_argnums=0)
+    rng = np.random.default_rng(0)
+    x = jnp.ones(96, jnp.float32)
+    for _ in range(3):
+        a = jnp.asarray(rng.standard_normal((64, 96)), jnp.float32)
+        consts = {np.shape(c): np.asarray(c) for c in f.specialize(a, x).consts}
+        r, s = jax.jit(known)(a)
+        np.testing.assert_array_equal(consts[(64, 96)], r)
+        np.testing.assert_array_equal(consts[()], s)

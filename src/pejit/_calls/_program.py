@@ -67,12 +67,6 @@ class Program:
         self.compiled_in = False  # a specialization compiled its constants in (see Specialization.compile_in)
 
 
-#: XLA's options for a folding program of little work, which runs once per
-#: value (:func:`pejit._fold._cost.one_off`): its optimization passes cost more
-#: than they save.
-ONE_OFF = {"xla_backend_optimization_level": 0}
-
-
 class FoldingProgram:
     """Constant arrays in, folded constants out: a value-independent fold.
 
@@ -84,6 +78,12 @@ class FoldingProgram:
     change: the program is then compiled once, and each new value costs one
     run of it. One that cannot be compiled (a primitive with only an
     ``impl``) keeps being evaluated equation by equation.
+
+    It is compiled as ``jax.jit`` compiles, whatever its size: XLA's
+    optimization level changes rounding (at level 0 XLA:CPU sums a
+    transposed array in another order, and contracts ``a * b + c`` and
+    ``rsqrt`` differently), so an unoptimized program would fold other
+    values than the first value's evaluation and ``jax.jit`` give.
     """
 
     def __init__(self, traced: jax.stages.Traced, backend: str = "auto"):
@@ -138,11 +138,7 @@ class FoldingProgram:
     def __call__(self, *arrays) -> list:
         if self.compiled is None and self._compilable:
             try:
-                lowered = self.traced.lower()
-                if _cost.one_off(_cost.jaxpr_cost(self.traced.jaxpr)):
-                    self.compiled = lowered.compile(compiler_options=ONE_OFF)
-                else:
-                    self.compiled = lowered.compile()
+                self.compiled = self.traced.lower().compile()
             except Exception:  # no lowering for some folded primitive
                 self._compilable = False
         if self.compiled is None:

@@ -16,8 +16,8 @@ The decisions, and who asks:
   specialization, ``auto``'s promotions);
 * :func:`stays_lazy`, :func:`on_the_spot`: whether a known value is stored,
   recomputed by the residual program, or computed at once;
-* :func:`run_compiles`, :func:`one_program_pays`, :func:`one_off`: how the
-  fold evaluates known work (op by op or compiled, and how hard XLA tries);
+* :func:`run_compiles`, :func:`one_program_pays`: how the fold evaluates known
+  work (op by op or compiled);
 * :func:`collapse_pays`, :func:`matrix_cost`, :func:`build_compiles`: the
   affine collapse (``pejit._residual._collapse``); :func:`reassociation_pays`:
   the products rule (``rules.products``);
@@ -451,22 +451,11 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
     return one_program < 3 * COMPILE_SECONDS * len(distinct)
 
 
-#: The most work a folding program may do to be compiled without XLA's
-#: optimizations: it runs once per value, and unoptimized code at this size costs
-#: milliseconds, where the optimizations' passes cost seconds on a large program.
-ONE_OFF_SECONDS = 1e-2
-
-
-def one_off(program: Cost) -> bool:
-    """Whether a program run once per value, costing ``program``, is compiled at XLA's
-    lowest optimization level."""
-    return program.seconds() < ONE_OFF_SECONDS
-
 
 __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
-    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_off", "one_program_pays",
+    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays",
     "program_cost", "promotion_pays", "reassociation_pays", "register_cost_rule", "run_compiles", "share_pays",
     "stays_lazy",
 ]

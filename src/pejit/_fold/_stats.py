@@ -47,6 +47,7 @@ class FoldStats:
     batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
     collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
     unfolded: list = dataclasses.field(default_factory=list)  # of Unfolded
+    notes: list = dataclasses.field(default_factory=list)  # what else the report says (its fallbacks)
 
 
 def label(prim, params: dict) -> str:

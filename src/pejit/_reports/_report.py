@@ -146,7 +146,7 @@ class FoldReport:
             unfolded=tuple(stats.unfolded),
             known_invars=known_invars,
             batches=tuple(stats.batches),
-            fallbacks=fallbacks,
+            fallbacks=(*fallbacks, *stats.notes),
         )
 
     @property

@@ -6,12 +6,14 @@ Each gradient is taken in both orders: ``pejit`` of a function that calls
 (pejit's derivative, ``pejit._calls._derivatives``), under ``jax.jit``. The
 hand-folded step computes the constant work once by hand (``solve(M, K)``,
 ``inv(B)``, the features of a frozen network) and runs the rest under
-``jax.jit``. Figures are medians of rounds in which every variant runs back
-to back, the order alternating (``paired``); ratios are paired by round.
+``jax.jit``. Figures are medians of rounds in which a variant and the
+hand-folded step run back to back, the order alternating (``side_by_side``);
+ratios are paired by round.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -216,7 +218,8 @@ PROGRAMS: dict[str, tuple[Callable, tuple]] = {
     "diffrax gradient, the field + 0.1 sin(y)":
         (lambda quick: diffrax_gradient(True), ((ORDERS[0], "hand-folded", 1.2), (ORDERS[1], "hand-folded", 1.2))),
     "Equinox filter_custom_vjp gradient (inv(A) @ x, A 300x300)":
-        (lambda quick: equinox_gradient(), ((ORDERS[0], "jax.jit", 0.1), (ORDERS[1], "jax.jit", 0.1))),
+        (lambda quick: equinox_gradient(), ((ORDERS[0], "hand-folded", 1.1), (ORDERS[1], "hand-folded", 1.1),
+                                            (ORDERS[0], "jax.jit", 0.1), (ORDERS[1], "jax.jit", 0.1))),
     "optimistix root-find gradient (inv(B) in fn, B 200x200)":
         (lambda quick: optimistix_gradient(), ((ORDERS[0], "hand-folded", 1.2), (ORDERS[1], "hand-folded", 1.2))),
     "Optax training step, Equinox model: frozen MLP features, trained head":
@@ -224,6 +227,25 @@ PROGRAMS: dict[str, tuple[Callable, tuple]] = {
     "diffrax parameter fit (damping, mass matrix 200x200 solved in the field)":
         (lambda quick: diffrax_fit(), ((ORDERS[0], "hand-folded", 1.2), (ORDERS[1], "hand-folded", 1.2))),
 }
+
+
+def side_by_side(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs: int) -> dict:
+    """:func:`paired`'s figures, each variant paired with ``ref`` alone, and its ratio to ``jax.jit``'s.
+
+    In one round of every variant, the one that runs after another pays for
+    what that one leaves behind (``jax.jit``'s step, which factors a matrix on
+    every call, leaves threads and caches busy): the Equinox step folded by
+    pejit measured 1.2-1.6x the hand-folded step there, 1.01-1.05x side by side.
+    """
+    runs = {k: paired({k: fn, ref: fns[ref]}, ref, calls, pairs) for k, fn in fns.items() if k != ref}
+    ratio = {k: r["ratio"][k] for k, r in runs.items()}
+    return {
+        "times": {k: r["times"][k] for k, r in runs.items()}
+        | {ref: statistics.median(r["times"][ref] for r in runs.values())},
+        "extra": {k: r["extra"][k] for k, r in runs.items()},
+        "ratio": ratio,
+        "ratio_to": {"jax.jit": {k: ratio.get(k, 1.0) / ratio["jax.jit"] for k in fns}},
+    }
 
 
 def case16(ctx) -> dict:
@@ -236,7 +258,7 @@ def case16(ctx) -> dict:
         except ImportError as e:  # the libs extra brings them
             out[name] = {"error": f"{e.name} is not installed"}
             continue
-        r = paired(fns, "hand-folded", calls, pairs, also=("jax.jit",))
+        r = side_by_side(fns, "hand-folded", calls, pairs)
         r["max_rel_difference"] = error
         out[name] = r
         print(f"  {name}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in r["times"].items()), flush=True)
@@ -264,8 +286,8 @@ def targets(results: dict, target: Callable) -> list:
 
 def section16(r: dict) -> list[str]:
     rows = ["## Case 16: gradient and training steps (issue 63)", "",
-            ("Per step, medians of rounds in which every variant runs back to back; ratios paired by round. "
-             f"'{ORDERS[0]}': `pejit` of a function calling `jax.grad`; '{ORDERS[1]}': `jax.jit(jax.grad(...))` "
+            ("Per step, medians of rounds in which each variant and the hand-folded step run back to back; "
+             f"ratios paired by round. '{ORDERS[0]}': `pejit` of a function calling `jax.grad`; '{ORDERS[1]}': `jax.jit(jax.grad(...))` "
              "of a pejit function. Hand-folded: the constant work done once by hand, the rest under `jax.jit`."), "",
             "| program | variant | per step | / hand-folded | / jax.jit |", "|---|---|---|---|---|"]
     for name, t in r.items():

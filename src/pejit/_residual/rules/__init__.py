@@ -55,6 +55,12 @@ The passes, in one place:
   uniform ones that only fusing equations read become broadcasts of a
   literal (:class:`~pejit._residual._partial_eval.SharePlan`).
 
+``transposable`` (:mod:`.transposable`)
+  A linear primitive whose JAX transpose rule rejects a known input beside
+  a linear one (``pad`` of a known operand by an unknown padding value) is
+  staged as the same values in a form JAX transposes. Not a switch: it
+  changes no value, and without it such a derivative fails.
+
 ``affine`` (:mod:`pejit._residual._affine`, :mod:`pejit._residual._collapse`, :mod:`.products`, :mod:`.custom`)
   Residual algebra. ``lax.custom_linear_solve`` with a known operator and
   an unknown vector becomes a product with the folded inverse. After folding, each connected region of the residual
@@ -80,6 +86,7 @@ from .calls import fold_checkpoint, fold_jit
 from .custom import fold_custom_jvp, fold_custom_lin, fold_custom_vjp, fold_linear_solve
 from .products import fold_dot_general
 from .loops import fold_scan, fold_while
+from .transposable import fold_pad
 
 # The built-in fold rules, in one place. A rule of your own registers the
 # same way, from any module (see ``pejit.register_fold_rule``).
@@ -93,9 +100,10 @@ register_fold_rule(P.custom_vjp_call_p)(fold_custom_vjp)
 register_fold_rule(P.custom_jvp_call_p)(fold_custom_jvp)
 register_fold_rule(_compat.custom_lin_p)(fold_custom_lin)
 register_fold_rule(P.linear_solve_p)(fold_linear_solve)
+register_fold_rule(P.pad_p, deferred=True)(fold_pad)
 
 # Rules that leave an equation whose inputs are all known (and not lazy) to
 # the default policy: such equations may be folded with a call's known part
 # (see calls.known_part). ``fold_cond`` inlines the known branch instead.
-for _rule in (fold_jit, fold_checkpoint, fold_scan, fold_while, fold_dot_general):
+for _rule in (fold_jit, fold_checkpoint, fold_scan, fold_while, fold_dot_general, fold_pad):
     _rule.known_by_default = True

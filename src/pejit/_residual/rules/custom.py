@@ -9,12 +9,13 @@ the partially evaluated one, taking the folded values (as buffers) and the
 unknown inputs. Its rule is the user's, applied to the known inputs'
 values:
 
-* ``custom_vjp``: the forward rule is partially evaluated too (traced now,
-  for the usual pattern: known inputs unperturbed, unknown ones perturbed;
-  with ``symbolic_zeros`` another pattern, or where the rule rejects that
-  one, the user's forward rule runs later on the known values); so is the
-  backward rule, on the residuals that the folded forward rule leaves
-  constant. Its cotangents for the known inputs are dropped (constants).
+* ``custom_vjp``: the user's forward and backward rules, run later on the
+  known inputs' values (the new call keeps them as inputs for its rules
+  alone, where the partially evaluated function no longer reads them:
+  Equinox's rules read the matrix they factor). They are not traced here
+  (see :func:`fold_custom_vjp`); where JAX runs them under the folding
+  trace, their constant work folds (:func:`fold_custom_lin`). Their
+  cotangents for the known inputs are dropped (constants).
 * ``custom_jvp``: the user's JVP rule, on the known inputs' values with
   zero tangents (``lax.custom_root`` is such a call).
 

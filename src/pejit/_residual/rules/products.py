@@ -8,7 +8,9 @@ reads is stored, see ``FUSES_OPERANDS``), where ``inv(A)`` is all the
 product needs: along a dimension the broadcast adds, the result is the same
 (a free dimension: broadcast the result), or ``x``'s own (a batch dimension:
 it becomes a free dimension of ``x``), or ``x`` summed (a contracting one).
-One ``einsum`` over the broadcast's source says all three.
+One ``einsum`` over the broadcast's source says all three. A contraction
+against a known transpose contracts against its source, through the
+product's dimension numbers, so the transposed copy is not stored.
 
 Products of known matrices with a dynamic vector, one at a time, become one
 product: ``C @ (D @ z)`` is ``(C @ D) @ z`` with ``C @ D`` folded, where that
@@ -35,6 +37,7 @@ from ..._fold._folding import Folder
 
 def fold_dot_general(folder: Folder, trace, prim, args, params):
     """``dot_general(broadcast_in_dim(C), x)`` with ``x`` dynamic: contract against ``C``;
+    ``dot_general(transpose(C), x)``: against ``C``, through the dimension numbers;
     ``C @ (D @ z)`` with ``C``, ``D`` known: ``(C @ D) @ z``."""
     if not folder.options.affine or all(map(folder.is_known, args)):
         return NotImplemented
@@ -45,7 +48,42 @@ def fold_dot_general(folder: Folder, trace, prim, args, params):
         if source is not None:
             with trace.as_current():
                 return _contract_source(side, source[0][0], source[1], args, params)
+        untransposed = _through_transpose(folder, trace, side, args, params)
+        if untransposed is not None:
+            with trace.as_current():
+                return prim.bind(*untransposed[0], **untransposed[1])
     return _reassociate(folder, trace, args, params)
+
+
+def _through_transpose(folder: Folder, trace, side: int, args, params) -> tuple | None:
+    """``(args, params)`` of the same product with ``args[side]``, a known ``transpose(C)``,
+    replaced by ``C`` and its dimensions renumbered; None if it is no such transpose, or
+    if its free dimensions would come out in another order.
+
+    A backward rule's ``inv(A).T @ g`` would otherwise store ``inv(A)`` and its
+    transpose (Equinox's ``filter_custom_vjp``, whose forward rule reads ``inv(A)``):
+    XLA reads a matrix's transpose through the product's dimension numbers, as it
+    does for ``jax.jit``, at no cost.
+    """
+    eqn = getattr(args[side], "parent", None)  # the staged equation that made it (a TracingEqn)
+    if (not folder.is_known(args[side]) or getattr(eqn, "primitive", None) is not lax.transpose_p
+            or len(getattr(eqn, "in_tracers", ())) != 1):
+        return None
+    source = eqn.in_tracers[0]
+    const = _compat.const_of(trace, source)
+    source = source if const is None else const
+    perm = eqn.params["permutation"]
+    (contract, batch) = params["dimension_numbers"]
+    contract, batch = list(contract), list(batch)
+    contract[side] = tuple(perm[d] for d in contract[side])
+    batch[side] = tuple(perm[d] for d in batch[side])
+    free = [perm[d] for d in range(len(perm)) if d not in (*params["dimension_numbers"][0][side],
+                                                           *params["dimension_numbers"][1][side])]
+    if free != sorted(free):
+        return None
+    folder.stats.staged["dot_general (through a transpose)"] += 1
+    new_args = [source, args[1]] if side == 0 else [args[0], source]
+    return new_args, dict(params, dimension_numbers=(tuple(contract), tuple(batch)))
 
 
 def _reassociate(folder: Folder, trace, args, params):
