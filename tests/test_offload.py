@@ -15,7 +15,7 @@ from jax.interpreters import mlir
 from pejit import pe, pejit
 from pejit import _compat
 from pejit._fold import _abstract, _batch, _host, _offload
-from pejit._fold._batch import Recipe
+from pejit._fold._recipe import Recipe
 from pejit._calls._program import FoldingProgram
 
 from ._util import Compiles, cpu_devices, cpu_only
@@ -226,7 +226,7 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
     monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
     _drain_before(monkeypatch, _batch, "run_batch")
-    _offload.clear_programs()
+    _batch.clear_programs()
 
     def f(A, x):
         for _ in range(3):
@@ -294,7 +294,7 @@ def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch)
     sin = _call_eqn(jnp.sin, a)
     var = _compat.new_var(jax.core.ShapedArray(a.shape, a.dtype))
     recipe = Recipe(sin.primitive, (var,), sin.params, (_compat.new_var(jax.core.ShapedArray(a.shape, a.dtype)),))
-    _offload.clear_programs()
+    _batch.clear_programs()
     kernel = _offload._lowered(recipe, _offload._specs([a]))
     monkeypatch.setattr(kernel, "_lowered", None)  # compiling raises
     kernel.ahead = True

@@ -17,7 +17,8 @@ from jax.extend.core import Primitive
 
 from pejit import _compat
 from pejit._fold import _batch, _host, _offload, _refold, _trim
-from pejit._fold._batch import Recipe, Segment
+from pejit._fold._plan import Segment
+from pejit._fold._recipe import Recipe
 
 from ._util import cpu_only
 

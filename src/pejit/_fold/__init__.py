@@ -10,9 +10,12 @@ cost model every decision of pejit's asks (does this fold, hoist, split,
 collapse, compile pay?), from one measure per equation and the profile of
 the device the program runs on (``_device``); ``_known`` reads off a jaxpr
 what folding its known inputs would save, before anything is evaluated.
-``_batch`` evaluates the recipes a value needs, in batches, eager or
-compiled: programs, and unrolled loops rolled again, by ``_compiled``; on the host where NumPy gives XLA's bits
-(``_host``); opaque kernels on a worker thread (``_offload``); far reads
+A recipe (``_recipe``) is known work recorded and not evaluated yet; the
+recipes a value needs are evaluated in batches, each split into segments
+with a back end apiece (``_plan``) and run by ``_batch``'s table of back
+ends, eager or compiled: programs, and unrolled loops rolled again, by
+``_compiled``; on the host where NumPy gives XLA's bits (``_host``); opaque
+kernels on a worker thread (``_offload``); far reads
 of constant-only values computed again (``_refold``), or held while the
 heap is trimmed (``_trim``); results kept compact (``_values``). Beside
 them: ``_abstract`` (known values that are tracers, for value-independent

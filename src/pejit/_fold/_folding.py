@@ -40,14 +40,15 @@ from jax.extend.core import Primitive
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from . import _abstract, _batch, _compiled, _cost, _host, _offload, _progress, _values
-from ._batch import nbytes
+from . import _abstract, _batch, _compiled, _cost, _host, _offload, _plan, _progress, _values
 from ._fold_rules import deferred_ok, fold_rules
 from ._multihost import check_fetchable
 from ._options import FoldOptions
 from ._primitives import CALLBACKS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, params_key
 from ._staging import policy_of
+from ._recipe import Recipe
 from ._stats import FoldStats, Unfolded, label
+from ._values import nbytes
 
 
 class NeedsValue(Exception):
@@ -87,7 +88,7 @@ class Folder:
         self._counted: Counter = Counter()
         self._counted_flops = 0.0
         # output Var of a staged known equation -> how to compute it
-        self._recipes: dict[Any, _batch.Recipe] = {}
+        self._recipes: dict[Any, Recipe] = {}
         self._materialized: dict[Any, Any] = {}
         # how often each recipe output was an input to something: values used
         # outside the batch that computes them are kept, not recomputed
@@ -116,7 +117,7 @@ class Folder:
         self._warm = warm and options.backend in ("auto", "eager")
         # an unrolled loop's compiled loop, compiled as the trace records it
         ahead = early_kernels and self._early and self._kernels.enabled and options.backend == "auto"
-        self._loops = (_compiled.LoopsAhead(_offload.compiled_ahead, _batch.compiled_alike, _offload.submit)
+        self._loops = (_compiled.LoopsAhead(_offload.compiled_ahead, _plan.compiled_alike, _offload.submit)
                        if ahead else None)
 
     #: Whether the work traced may never run (a branch, a while loop's body): its
@@ -354,7 +355,7 @@ class Folder:
                     unfused.update(invars)
         return kept[::-1], needed[::-1]
 
-    def folding_pays(self, todo: Sequence[_batch.Recipe], kept: Sequence[Any]) -> bool:
+    def folding_pays(self, todo: Sequence[Recipe], kept: Sequence[Any]) -> bool:
         """Whether evaluating the recipes ``todo`` pays (:func:`pejit._fold._cost.fold_pays`)
         in the program of ``todo`` and the ``kept`` equations. In a loop's body
         (:attr:`trips`) folding saves what XLA would not move out of the loop itself
@@ -433,7 +434,7 @@ class Folder:
         )
         if any(v is not None for v in outvars):
             recipe_args = tuple(self._var(a) or a for a in args)
-            recipe = _batch.Recipe(prim, recipe_args, params, outvars, lazy, serial=len(self._recipes),
+            recipe = Recipe(prim, recipe_args, params, outvars, lazy, serial=len(self._recipes),
                                    params_key=None if key is None else key[1])
             self._recipes.update((v, recipe) for v in outvars if v is not None)
             if self._early and not lazy:
@@ -518,9 +519,9 @@ class Folder:
                 + ([] if final else [v for v in produced if self._uses[v] > inside[v]])
             ))
             # Abstract constants: the batch is staged into the folding program.
-            abstract = _batch.reads_abstract(batch, self._materialized)
+            abstract = _plan.reads_abstract(batch, self._materialized)
             backend = "program" if abstract else self.options.backend
-            plan = _batch.plan_batch(batch, backend, jax.default_backend(), outputs)
+            plan = _plan.plan_batch(batch, backend, jax.default_backend(), outputs)
             start = time.perf_counter()
             tick, timings = self.progress.advance, []
             if final:
@@ -545,11 +546,11 @@ class Folder:
             )
             self.progress.batch(
                 Counter(seg.backend for seg in plan), len(batch), sum(r.out_bytes() for r in batch),
-                sum(_batch.nbytes(v.aval) for v in outputs), time.perf_counter() - start,
+                sum(nbytes(v.aval) for v in outputs), time.perf_counter() - start,
             )
         return [self._materialized[v] for v in targets]
 
-    def _batch(self, targets: Sequence[Any]) -> list[_batch.Recipe]:
+    def _batch(self, targets: Sequence[Any]) -> list[Recipe]:
         """Unevaluated recipes ``targets`` depend on, in the order the trace recorded them.
 
         That is the program's own order, which holds each value from where
@@ -560,7 +561,7 @@ class Folder:
         way and at 2477-2478 MB in the trace's order (``jax.jit``: 2616 MB),
         in as much time.
         """
-        found: dict[int, _batch.Recipe] = {}
+        found: dict[int, Recipe] = {}
         stack = [self._recipes[v] for v in targets]
         while stack:
             r = stack.pop()

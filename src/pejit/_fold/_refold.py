@@ -14,13 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from .. import _compat
 from . import _abstract, _host
+from ._primitives import is_var
 from ._values import nbytes
-
-
-def _is_var(a) -> bool:
-    return isinstance(a, _compat.Var)
 
 
 def evaluate(r, args: list) -> Any:
@@ -101,7 +97,7 @@ class Refolds:
         pinned = set()
         widest = 0  # the most bytes one equation reads: all live at once, whatever is dropped
         for i, r in enumerate(recipes):
-            inputs = [a for a in r.args if _is_var(a)]
+            inputs = [a for a in r.args if is_var(a)]
             widest = max(widest, sum(nbytes(a.aval) for a in set(inputs)))
             for a in inputs:
                 self._next[a].append(i)
@@ -118,7 +114,7 @@ class Refolds:
                 pinned.update(a for a in inputs if a in env)
         for a in pinned:  # kept for the recomputations (small, defined before the batch)
             uses[a] += 1
-        kept = sum(nbytes(v.aval) for v in outputs if _is_var(v) and v not in env)
+        kept = sum(nbytes(v.aval) for v in outputs if is_var(v) and v not in env)
         # Holding them all spares computing them again; past REMAT_HELD the
         # heap grows with them, and the batch trims it (pejit._fold._trim)
         most = self._held_at_most()
@@ -143,7 +139,7 @@ class Refolds:
     def restore(self, r, env: dict) -> None:
         """Compute again the inputs of ``r`` that were dropped (or take them from the worker)."""
         for a in r.args:
-            if _is_var(a) and a not in env and a in self._missing:
+            if is_var(a) and a not in env and a in self._missing:
                 self._missing.discard(a)
                 value = self._computed.pop(a, None)
                 ahead = self._ahead.pop(a, None)
@@ -199,8 +195,8 @@ class Refolds:
         p = self._producer[a][0]
         args, later = [], []
         for b in p.args:
-            if not _is_var(b) or b in env:
-                args.append(env[b] if _is_var(b) else b)
+            if not is_var(b) or b in env:
+                args.append(env[b] if is_var(b) else b)
                 continue
             job = self._job(b, env) if b in self._producer else None
             if job is None:
@@ -224,14 +220,14 @@ class Refolds:
             return env[a]
         if a not in scratch:
             p = self._producer[a][0]
-            scratch[a] = self._compute(p, [self._value(b, env, scratch) if _is_var(b) else b for b in p.args])
+            scratch[a] = self._compute(p, [self._value(b, env, scratch) if is_var(b) else b for b in p.args])
         return scratch[a]
 
     def release(self, position: int, r, env: dict) -> None:
         """After ``r`` (at ``position``), drop large values of constants alone, those read
         farthest ahead first, until at most :data:`REMAT_HELD` bytes of them are held."""
         for a in r.args:
-            if not _is_var(a) or a not in self._producer:
+            if not is_var(a) or a not in self._producer:
                 continue
             waiting = self._next[a]
             while waiting and waiting[0] <= position:

@@ -21,7 +21,7 @@ from jax.extend.core import Literal
 
 from .._compat import drop_var
 from .._fold._cost import jaxpr_flops
-from .._fold._batch import nbytes
+from .._fold._values import nbytes
 from .._fold._stats import FoldStats
 from .._fold._stats import label as eqn_label
 

@@ -49,7 +49,7 @@ from .. import _compat
 from .._fold import _batch, _device
 from . import _linear
 from ._affine import CONST, Region, classify, offsets, plan_cut, regions, size
-from .._fold._batch import nbytes
+from .._fold._values import nbytes
 from .._fold import _cost
 from .._fold._cost import eqn_flops
 

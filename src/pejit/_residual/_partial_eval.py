@@ -20,7 +20,7 @@ from jax.extend.core import ClosedJaxpr
 from .. import _compat
 from . import _collapse, _cse
 from .._fold._abstract import is_abstract
-from .._fold._batch import nbytes
+from .._fold._values import nbytes
 from .._fold._folding import Folder, replay
 from .._fold._offload import Kernels
 from .._fold._options import FoldOptions
