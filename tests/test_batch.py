@@ -326,5 +326,5 @@ def test_a_folding_programs_first_value_keeps_what_its_batches_kept():
     program = jax.make_jaxpr(lambda a: [_batch.batch_p.bind(a, jaxpr=body)[0] + a])(jnp.zeros(4))
     marked = lambda a: np.asarray(a) + 100  # noqa: E731
     x = np.arange(4.0, dtype=np.float32)
-    (out,) = _batch.evaluate_jaxpr(program, [x], "eager", keep=marked)
+    (out,) = _batch.run_jaxpr(program, [x], "eager", keep=marked)
     np.testing.assert_array_equal(out, 3 * x + 200)  # the batch's output as kept, then the output kept

@@ -337,12 +337,12 @@ def test_a_hi_primitive_folded_eagerly_compiles_one_program():
         pytest.skip(f"jnp.nonzero is not a hi primitive in JAX {jax.__version__}")
     (eqn,) = eqns
     with Compiles() as compiles:
-        (got,) = _abstract.evaluate(eqn.primitive, [mask], eqn.params)
+        (got,) = _abstract.bind_known(eqn.primitive, [mask], eqn.params)
     assert compiles.count == 1
     np.testing.assert_array_equal(got, np.nonzero(mask)[0][:3])
     (another,) = jax.make_jaxpr(lambda m: jnp.nonzero(m, size=3))(mask).jaxpr.eqns
     with Compiles() as compiles:  # another instance of the same kind and types: compiled already
-        (again,) = _abstract.evaluate(another.primitive, [~mask], another.params)
+        (again,) = _abstract.bind_known(another.primitive, [~mask], another.params)
     assert compiles.count == 0
     np.testing.assert_array_equal(again, [1, 4, 0])
 

@@ -212,19 +212,19 @@ def _drain_before(monkeypatch, module, name):
 @pytest.mark.parametrize("form", ["pejit", "pe"])
 def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form):
     compiled_on, evaluated = [], []
-    compile_, evaluate = jax.stages.Lowered.compile, _abstract.evaluate
+    compile_, bind_known = jax.stages.Lowered.compile, _abstract.bind_known
 
     def compile_watched(self, *args, **kwargs):
         if "sine" in self.as_text():  # sin, cos
             compiled_on.append(threading.current_thread().name)
         return compile_(self, *args, **kwargs)
 
-    def evaluate_watched(prim, args, params, *outer):
+    def bind_watched(prim, args, params, *outer):
         evaluated.append(str(params.get("jaxpr", prim.name)))  # a call: its body
-        return evaluate(prim, args, params, *outer)
+        return bind_known(prim, args, params, *outer)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
-    monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
+    monkeypatch.setattr(_abstract, "bind_known", bind_watched)
     _drain_before(monkeypatch, _batch, "run_batch")
     _batch.clear_programs()
 

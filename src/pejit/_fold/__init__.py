@@ -13,8 +13,8 @@ what folding its known inputs would save, before anything is evaluated.
 A recipe (``_recipe``) is known work recorded and not evaluated yet; the
 recipes a value needs are evaluated in batches, each split into segments
 with a back end apiece (``_plan``) and run by ``_batch``'s table of back
-ends, eager or compiled: programs, and unrolled loops rolled again, by
-``_compiled``; on the host where NumPy gives XLA's bits (``_host``); opaque
+ends, eager or compiled: on the host where NumPy gives XLA's bits
+(``_host``); programs, and unrolled loops rolled again, by ``_compiled``; opaque
 kernels on a worker thread (``_offload``); far reads
 of constant-only values computed again (``_refold``), or held while the
 heap is trimmed (``_trim``); results kept compact (``_values``). Beside

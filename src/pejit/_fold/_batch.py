@@ -80,7 +80,7 @@ class BatchRun:
         eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
         self._ahead = _offload.Ahead(self.kernels, eager, self.env) if self.kernels.enabled else None
         self._refolds = _refold.Refolds([r for seg in segments for r in seg.recipes], self.env, self.uses,
-                                        self.kernels, _offload.spare() if self.kernels.enabled else None,
+                                        eagerly, self.kernels, _offload.spare() if self.kernels.enabled else None,
                                         outputs=self.wanted)
         self._position = -1  # among the eager recipes, for the kernels handed out ahead
         self._step = -1  # in the batch, for the values computed again
@@ -135,6 +135,14 @@ class BatchRun:
             self._trimmer.tick()
 
 
+def eagerly(prim, args: Sequence[Any], params: dict) -> Any:
+    """``prim`` on known ``args`` as the eager back end evaluates it: on the host where a
+    rule gives XLA's bits (:func:`pejit._fold._host.on_host`: no compile), else by JAX
+    (:func:`pejit._fold._abstract.bind_known`)."""
+    outs = _host.on_host(prim, args, params)
+    return _abstract.bind_known(prim, args, params) if outs is None else outs
+
+
 def run_eager(seg: Segment, batch: BatchRun) -> float:
     """Equation by equation: by the kernel the worker ran (or runs now), else on
     the host where a rule gives XLA's bits, else by JAX's dispatch."""
@@ -144,7 +152,7 @@ def run_eager(seg: Segment, batch: BatchRun) -> float:
         args = [batch.env[a] if is_var(a) else a for a in r.args]
         outs = batch.kernels.take(r, args)
         if outs is None:
-            outs = _refold.evaluate(r, args)
+            outs = eagerly(r.prim, args, r.params)
         del args  # nothing here holds a value past its last read
         batch.define((v, x) for v, x in zip(r.outvars, outs if r.prim.multiple_results else [outs])
                      if v is not None)
@@ -215,12 +223,12 @@ def run_batch(
 
 
 @_host.remembering()
-def evaluate_jaxpr(
+def run_jaxpr(
     closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,
     kernels: _offload.Kernels | None = None,
 ) -> list[Any]:
-    """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
+    """``closed_jaxpr`` on ``args``, run as one batch (see :func:`run_batch`).
 
     The folding program's first value goes this way: each equation is a
     recipe, so the back end is chosen per segment by the cost model (or by
@@ -232,7 +240,7 @@ def evaluate_jaxpr(
     ``kernels``, those handed out before (see :mod:`pejit._fold._offload`).
     """
     jaxpr = closed_jaxpr.jaxpr
-    keep = keep or (lambda x: x)
+    keep = keep or _unchanged
     if any(type(e.primitive).get_bind_params is not Primitive.get_bind_params for e in jaxpr.eqns):
         # a call whose bind takes Python functions rebuilt from its params
         # (custom_jvp/custom_vjp calls folded whole): JAX's interpreter knows how
@@ -248,7 +256,7 @@ def evaluate_jaxpr(
     # what the trace's batches kept, held as the folding trace holds it
     # (uniform values as broadcasts, equal ones once): the program's later
     # equations (an affine collapse's matrices) read them
-    kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
+    kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars}
     plan = plan_batch(recipes, backend, jax.default_backend(), outputs)
     timings: list[tuple[float, float]] = []
     values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept, kernels=kernels))
@@ -292,10 +300,10 @@ def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
 
 def _call_primitive(name: str, backend: str) -> Primitive:
     """A primitive that calls the closed jaxpr in its ``jaxpr`` parameter:
-    evaluated by :func:`evaluate_jaxpr` with ``backend``, compiled as its body."""
+    evaluated by :func:`run_jaxpr` with ``backend``, compiled as its body."""
     prim = Primitive(name)
     prim.multiple_results = True
-    prim.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args, backend))
+    prim.def_impl(lambda *args, jaxpr: run_jaxpr(jaxpr, args, backend))
     prim.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
     inline = lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args)  # noqa: E731
     _compat.lower_as(prim, inline)
@@ -358,7 +366,7 @@ def _stage(recipes, env, outputs) -> list[Any]:
     debug = _compat.unnamed_debug_info("folded_batch", len(invars), len(outputs))
     body = _compat.ClosedJaxpr(_compat.Jaxpr([], list(invars.values()), list(outputs), eqns, debug_info=debug), [])
     outer = _abstract.outer_trace(inputs)
-    return _abstract.evaluate(batch_p, inputs, {"jaxpr": body}, outer)
+    return _abstract.bind_known(batch_p, inputs, {"jaxpr": body}, outer)
 
 
 

@@ -181,9 +181,9 @@ class Folder:
             # code holds them, so they are JAX's arrays, whoever computes them
             # (and weakly typed ones stay JAX's: NumPy has no weak types).
             host = not _abstract.any_abstract(args) and not any(getattr(a, "weak_type", False) for a in out_avals)
-            out = _host.evaluate(prim, args, params) if host else None
+            out = _host.on_host(prim, args, params) if host else None
             if out is None:
-                return _abstract.evaluate(prim, args, params)
+                return _abstract.bind_known(prim, args, params)
             if prim.multiple_results:
                 return [_host.to_jax_once(o, self._puts) for o in out]
             return _host.to_jax_once(out, self._puts)
@@ -221,7 +221,7 @@ class Folder:
             raise error
         self.stats.eager_evaluations[label(prim, params)] += 1
         self.stats.folded[label(prim, params)] += 1
-        return _compat.evaluate(prim, values, params)
+        return _compat.bind_outside(prim, values, params)
 
     def call_inputs(self, trace, args) -> list:
         """Hook for custom_jvp/custom_vjp calls: concrete inputs when all are known.

@@ -24,7 +24,7 @@ other contractions or reductions, whose XLA kernels round differently.
 (XLA on a CPU flushes subnormal floats to zero; an operation that produces
 one is the only difference left.)
 
-:func:`evaluate` returns ``None`` whenever a rule does not apply (another
+:func:`on_host` returns ``None`` whenever a rule does not apply (another
 backend, several devices, an unsupported dtype), and the caller binds the
 primitive as before. The table is keyed by primitive, one rule each, as the
 fold rules are.
@@ -370,7 +370,7 @@ if _compat.split_p is not None:
     HOST_RULES[_compat.split_p] = _split
 
 
-def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+def on_host(prim, args: Sequence[Any], params: dict) -> Any:
     """``prim`` on concrete ``args`` by its host rule, or None where none applies.
 
     A nested ``jax.jit`` call (``jnp.multiply`` is one) is evaluated
@@ -421,7 +421,7 @@ def _call(jaxpr, consts, args) -> list[Any] | None:
     last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
     outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # not literals: unhashable
     for i, eqn in enumerate(jaxpr.eqns):
-        outs = evaluate(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
+        outs = on_host(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
         if outs is None:
             return None
         env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))

@@ -14,15 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from . import _abstract, _host
+from . import _host
 from ._primitives import is_var
 from ._values import nbytes
-
-
-def evaluate(r, args: list) -> Any:
-    """``r`` on ``args``: on the host where a rule gives XLA's bits (no compile), else by JAX."""
-    outs = _host.evaluate(r.prim, args, r.params)
-    return _abstract.evaluate(r.prim, args, r.params) if outs is None else outs
 
 
 #: A batch's value that constants alone define (through at most REMAT_DEPTH
@@ -81,10 +75,16 @@ class Refolds:
     from their first read to their last too (XLA does not compute them
     again): holding as many bytes again as the batch must hold anyway keeps
     the peak near ``jax.jit``'s.
+
+    A value is computed again as the batch computed it: by its kernel
+    (``kernels``, :mod:`pejit._fold._offload`), else by ``evaluate(prim, args,
+    params)``, the batch's own evaluator (:func:`pejit._fold._batch.eagerly`).
     """
 
-    def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
+    def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter,
+                 evaluate: Callable[[Any, Sequence[Any], dict], Any], kernels: Any = None,
                  worker: concurrent.futures.Executor | None = None, outputs: Collection[Any] = ()):
+        self._evaluate = evaluate
         self._kernels = kernels  # pejit._fold._offload.Kernels: a kernel runs again by its lowering
         self._worker = worker  # computes dropped values again ahead of their reads
         self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
@@ -213,7 +213,7 @@ class Refolds:
 
     def _compute(self, p, args: list):
         out = None if self._kernels is None else self._kernels.compute(p, args)
-        return evaluate(p, args) if out is None else out
+        return self._evaluate(p.prim, args, p.params) if out is None else out
 
     def _value(self, a, env: dict, scratch: dict):
         if a in env:
@@ -256,4 +256,4 @@ def _on_host(p, args: list, later: list) -> Any:
         args[i] = job()
         if args[i] is None:
             return None
-    return _host.evaluate(p.prim, args, p.params)
+    return _host.on_host(p.prim, args, p.params)

@@ -233,7 +233,7 @@ def _jacobian(
         # region's equations are traced once, then evaluated by the folding
         # back end (where the host evaluates what it can: see pejit._fold._host).
         closed = jax.make_jaxpr(build.by_jvp)(*consts)
-        built = _batch.evaluate_jaxpr(closed, consts, backend)
+        built = _batch.run_jaxpr(closed, consts, backend)
     return list(zip(built[::2], built[1::2]))
 
 

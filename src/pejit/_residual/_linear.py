@@ -365,9 +365,9 @@ def _run(jaxpr, consts, values, tangents, known: _Known, alone: bool = True) -> 
 
 def _evaluate(eqn, vals) -> list:
     """Outputs of an equation on known values: by its host rule, else JAX's."""
-    out = _host.evaluate(eqn.primitive, vals, eqn.params)
+    out = _host.on_host(eqn.primitive, vals, eqn.params)
     if out is None:
-        out = _compat.evaluate(eqn.primitive, vals, eqn.params)
+        out = _compat.bind_outside(eqn.primitive, vals, eqn.params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
