@@ -188,7 +188,7 @@ def test_dead_known_work_is_never_evaluated():
 def test_a_batch_runs_its_equations_in_the_programs_order(monkeypatch):
     # The residual reads q before p, so an order target by target computes
     # q first; the program's order, which holds shared values no longer
-    # than the program does, computes p first (see Folder._batch).
+    # than the program does, computes p first (see Store.pending).
     ran = []
     run_batch = _batch.run_batch
 

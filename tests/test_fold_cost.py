@@ -153,7 +153,7 @@ def test_kept_values_are_compact():
 
     folder = Folder(FoldOptions())
     trace_staging(lambda x: [f(x)], [jax.core.ShapedArray((), jnp.float32)], folder)
-    kept = [v for v in folder._materialized.values() if np.size(v) == 4096]
+    kept = [v for v in folder.store.computed.values() if np.size(v) == 4096]
     uniform = [v for v in kept if isinstance(v, np.ndarray) and v.strides == (0,)]
     others = {id(v) for v in kept if not isinstance(v, np.ndarray)}
     assert len(uniform) >= 4 and len(others) == 1, (len(uniform), len(others))

@@ -27,7 +27,7 @@ from . import _argnums
 from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import OtherSignature
-from .._fold._stats import FoldStats
+from .._fold._stats import BatchInfo, FoldStats
 from .._fold._primitives import CUSTOM_CALLS, subjaxprs
 from .._reports._report import FoldReport
 from .._residual._partial_eval import Residual, SharePlan
@@ -111,7 +111,7 @@ class FoldingProgram:
         # float32 when 64-bit mode is off, rounded before anything reads it
         arrays = [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype
                   else a for a, aval in zip(arrays, self.traced.jaxpr.in_avals)]
-        segments: list[_batch.BatchInfo] = []
+        segments: list[BatchInfo] = []
         out = _batch.run_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments, kernels)
         for seg in segments:  # where the first value's time goes (the bench's fold breakdown reads these)
             _logger.debug("folding program: first value, %d equations (%s), %.1f MiB written, %.3g s"

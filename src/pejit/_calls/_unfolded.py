@@ -22,9 +22,9 @@ import jax
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._fold._folding import Folder
+from .._fold._folding import Folder, evaluate_now
 from .._fold._primitives import prune
-from .._fold._staging import trace_staging
+from .._fold._staging import known_value, trace_staging
 from .._reports._report import FoldReport
 from ._argnums import interleave
 from ._info import PejitInfo, split_call
@@ -35,19 +35,20 @@ from ._specializer import as_jax
 class StageAll(Folder):
     """A policy that folds nothing, but keeps known values materializable."""
 
-    stores_unfused = False
-
     def __call__(self, trace, prim, args, params):
-        args = [self._known_value(trace, a) for a in args]
+        args = [known_value(trace, a) for a in args]
         if not all(self.is_known(a) for a in args):
             return NotImplemented
         try:
             effects = _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params)
         except Exception as e:  # no abstract evaluation: the value stands in
-            return self._evaluate_now(prim, args, params, e)
+            return evaluate_now(self, prim, args, params, e)
         if effects:
             return NotImplemented
         return self.stage_lazy(trace, prim, args, params)
+
+    def _stored(self, recipe, unfused: bool) -> bool:
+        return not recipe.lazy
 
     def materialize(self, x):
         # Evaluate outside the staging trace: impls that re-enter JAX

@@ -20,7 +20,6 @@ primitives that carry known work into a folding program.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -35,22 +34,7 @@ from . import _abstract, _compiled, _cost, _host, _offload, _refold, _trim
 from ._plan import Segment, plan_batch
 from ._primitives import is_var
 from ._recipe import Recipe
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchInfo:
-    """How one segment of a batch of known equations was evaluated.
-
-    ``batch`` numbers the batches of one specialization, in order.
-    """
-
-    batch: int
-    backend: str
-    equations: int
-    out_bytes: int
-    primitives: Counter
-    seconds: float = 0.0  #: evaluating the segment, compiling included
-    compile_seconds: float = 0.0
+from ._stats import BatchInfo
 
 
 class BatchRun:

@@ -25,7 +25,7 @@ class Recipe:
     folded itself. ``lazy`` recipes are cheap expansions that also stay in
     the residual program; the others are folds, whose outputs become
     constants. ``serial`` is its place among the recipes of its trace: a
-    batch runs them in that order (see ``Folder._batch``). ``params_key``
+    batch runs them in that order (see :meth:`pejit._fold._store.Store.pending`). ``params_key``
     is ``params`` as part of a key (:func:`pejit._fold._primitives.params_key`),
     computed once: the fold, the worker's kernels and the batch's programs
     each key the recipe by it (9 us apiece for a ``jnp`` call's eleven

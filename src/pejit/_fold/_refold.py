@@ -50,13 +50,13 @@ REMAT_LEAD = 16
 class Refolds:
     """Values of a batch that its constants alone define, dropped between far uses and computed again.
 
-    The fold records the same known work once (``Folder._fold_key``), so
+    The fold records the same known work once (:class:`pejit._fold._memo.Memo`), so
     TFC's basis at a zero coordinate, ``H(zeros_like(x), y, t)``, is one
     value that derivatives read from the start of the batch to its end:
     the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
     transposes and products, at once (690 MiB live against 155 MiB when
     each read computed its own), in a batch ordered target by target; in
-    the trace's order (``Folder._batch``), 33 MiB at most. Such a value
+    the trace's order (``Store.pending``), 33 MiB at most. Such a value
     (one output, defined by at most :data:`REMAT_DEPTH` equations from
     constants or small values from before the batch) is dropped, the one
     read farthest ahead first, while more than :data:`REMAT_HELD` bytes of

@@ -14,6 +14,22 @@ from typing import NamedTuple
 from .. import _compat
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchInfo:
+    """How one segment of a batch of known equations was evaluated.
+
+    ``batch`` numbers the batches of one specialization, in order.
+    """
+
+    batch: int
+    backend: str
+    equations: int
+    out_bytes: int
+    primitives: Counter
+    seconds: float = 0.0  #: evaluating the segment, compiling included
+    compile_seconds: float = 0.0
+
+
 class Unfolded(NamedTuple):
     """A fold that did not pay for itself: ``equations`` known equations, estimated
     to cost ``saved`` seconds per call of the program's ``total``
@@ -44,9 +60,34 @@ class FoldStats:
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._fold._cost)
-    batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+    batches: list = dataclasses.field(default_factory=list)  # of BatchInfo
     collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
     unfolded: list = dataclasses.field(default_factory=list)  # of Unfolded
+
+
+class Tally:
+    """What one folding trace counted as folded into ``stats`` (shared with the
+    traces nested in it), taken back where its fold does not pay."""
+
+    def __init__(self, stats: FoldStats):
+        self.stats = stats
+        self._folded: Counter = Counter()
+        self._flops = 0.0
+
+    def count(self, labels: list[str], flops: float) -> None:
+        """Count folds of these labels (:func:`label`), of ``flops`` estimated FLOPs in all."""
+        for name in labels:
+            self.stats.folded[name] += 1
+            self._folded[name] += 1
+        self.stats.flops += flops
+        self._flops += flops
+
+    def take_back(self, unfolded: Unfolded) -> None:
+        """The fold did not pay: take its count back, and say why."""
+        self.stats.folded -= self._folded
+        self.stats.flops -= self._flops
+        self.stats.unfolded.append(unfolded)
+        self._folded, self._flops = Counter(), 0.0
 
 
 def label(prim, params: dict) -> str:
@@ -58,4 +99,4 @@ def label(prim, params: dict) -> str:
     return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
 
 
-__all__ = ["FoldStats", "Unfolded", "label"]
+__all__ = ["BatchInfo", "FoldStats", "Tally", "Unfolded", "label"]

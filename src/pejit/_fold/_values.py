@@ -124,14 +124,14 @@ SMALL_KEY_BYTES = 1 << 16
 
 
 def value_key(c):
-    """What identifies a concrete input of a fold (see ``Folder._fold_key``):
+    """What identifies a concrete input of a fold (see :meth:`pejit._fold._memo.Memo.key`):
     equal for arrays of the same type, weak type and bits where finding that
     out costs at most one read, else ``("id", id(c))``.
 
     A uniform array (``jnp.zeros_like(c)``, ``np.ones_like(c)``,
     ``jnp.full(...)``, a ``jax.Array`` of zeros) is :func:`uniform_key` of its
     one element, as is a broadcast of a scalar that the fold records
-    (``Folder`` keys its output so): the same known work on any spelling of
+    (the fold memo keys its output so): the same known work on any spelling of
     a zero is folded once. Small arrays are keyed by their bytes; other
     arrays by identity (hashing a large constant would cost a pass over it).
     """
