@@ -30,7 +30,7 @@ import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from .. import _compat
-from . import _abstract, _compiled, _cost, _host, _offload, _refold, _trim
+from . import _abstract, _compiled, _host, _offload, _refold, _trim
 from ._plan import Segment, plan_batch
 from ._primitives import is_var
 from ._recipe import Recipe
@@ -305,7 +305,6 @@ known_part_p = _call_primitive("known_part", "eager")
 #: evaluating the program evaluates its equations as the batch's own
 #: (:func:`flat_recipes`), compiling it compiles its body.
 batch_p = _call_primitive("folded_batch", "auto")
-_cost.register_cost_rule(known_part_p, batch_p)(_cost.call_cost)
 
 
 def _stage(recipes, env, outputs) -> list[Any]:

@@ -222,20 +222,10 @@ def _stored(eqn, lazy: dict) -> list:
 #: ``rule(eqn, known, producers, nested) -> Cost``: what a fold rule saves a call on an
 #: equation with known and unknown inputs (``known``: the known values; ``producers``:
 #: the equation that made each value; ``nested``: in a loop body, a branch or a call),
-#: which :func:`known_work` adds (the products rule's reassociation, say).
+#: which :func:`known_work` adds (the products rule's reassociation, say). Registered
+#: with the fold rule (:func:`pejit._residual.rules.registry.register_primitive`).
 SavingRule = Callable[[Any, set, dict, bool], Cost]
 saving_rules: dict[Any, SavingRule] = {}
 
 
-def register_saving_rule(*prims) -> Callable[[SavingRule], SavingRule]:
-    """Register ``rule`` as what a fold rule of each of ``prims`` saves a call (see :data:`saving_rules`)."""
-
-    def register(rule: SavingRule) -> SavingRule:
-        for prim in prims:
-            saving_rules[prim] = rule
-        return rule
-
-    return register
-
-
-__all__ = ["KnownWork", "SavingRule", "known_work", "register_saving_rule", "saving_rules"]
+__all__ = ["KnownWork", "SavingRule", "known_work", "saving_rules"]
