@@ -31,7 +31,7 @@ cpu_only = pytest.mark.skipif(
 def cpu_devices(why: str):
     """Skip a test unless JAX computes on CPU devices (one or several), saying
     what it needs of them: pejit reads the bytes of values in host memory only
-    (``pejit._fold._values.on_host``: equal and uniform constants found by
+    (``pejit._fold._values.in_host_memory``: equal and uniform constants found by
     their contents), and the cost model has figures for XLA:CPU."""
     return pytest.mark.skipif(jax.default_backend() != "cpu", reason=f"needs CPU devices: {why}")
 

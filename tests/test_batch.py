@@ -11,7 +11,7 @@ import pytest
 from jax.extend.core import Primitive
 
 from pejit import FoldOptions, pe, pejit
-from pejit._fold import _batch, _compiled, _cost
+from pejit._fold import _batch, _compiled, _cost, _plan, _recipe
 from pejit._fold._folding import Folder
 from pejit._fold._staging import trace_staging
 from ._util import cpu_devices, cpu_only, requires_jax, with_f32_products
@@ -103,7 +103,7 @@ def test_transcendentals_start_compiled_runs():
     _batch.clear_programs()
     batches, _ = plan(lambda x: chain(A, 40, TRIG) + x, scalar())
     assert [(b.backend, b.equations) for b in batches] == [("compiled", 3), ("eager", 1)] * 10
-    assert len(_compiled._programs) == 1
+    assert len(_compiled.programs) == 1
 
 
 @cpu_devices("the cost model's figures for XLA:CPU")
@@ -188,7 +188,7 @@ def test_dead_known_work_is_never_evaluated():
 def test_a_batch_runs_its_equations_in_the_programs_order(monkeypatch):
     # The residual reads q before p, so an order target by target computes
     # q first; the program's order, which holds shared values no longer
-    # than the program does, computes p first (see Folder._batch).
+    # than the program does, computes p first (see Store.pending).
     ran = []
     run_batch = _batch.run_batch
 
@@ -229,9 +229,9 @@ def test_compiled_programs_are_reused_across_specializations():
     g = pejit(f, constant_argnums=0, fold_options=FoldOptions(backend="compiled"))
     x = jnp.float32(1.0)
     g(jnp.ones((16, 16)), x)
-    programs = dict(_compiled._programs)
+    programs = dict(_compiled.programs)
     np.testing.assert_allclose(g(jnp.zeros((16, 16)), x), f(jnp.zeros((16, 16)), x), rtol=1e-6)
-    assert _compiled._programs == programs  # same structure, same program
+    assert _compiled.programs == programs  # same structure, same program
 
 
 def test_lazy_expansions_still_stay_in_the_residual():
@@ -312,8 +312,8 @@ def test_values_to_compact_are_read_as_kept_by_later_equations():
 
     x = np.arange(4.0, dtype=np.float32)
     v1, v2 = (_compat.new_var(jax.core.ShapedArray((4,), np.float32)) for _ in range(2))
-    segments = [_batch.Segment("eager", (_batch.Recipe(P.mul_p, (x, np.float32(2)), {}, (v1,)),
-                                         _batch.Recipe(P.add_p, (v1, x), {}, (v2,))))]
+    segments = [_plan.Segment("eager", (_recipe.Recipe(P.mul_p, (x, np.float32(2)), {}, (v1,)),
+                                         _recipe.Recipe(P.add_p, (v1, x), {}, (v2,))))]
     marked = lambda a: np.asarray(a) + 100  # noqa: E731
     (plain,) = _batch.run_batch(segments, {}, [v2], keep=marked)
     (compacted,) = _batch.run_batch(segments, {}, [v2], keep=marked, compact={v1})
@@ -326,5 +326,5 @@ def test_a_folding_programs_first_value_keeps_what_its_batches_kept():
     program = jax.make_jaxpr(lambda a: [_batch.batch_p.bind(a, jaxpr=body)[0] + a])(jnp.zeros(4))
     marked = lambda a: np.asarray(a) + 100  # noqa: E731
     x = np.arange(4.0, dtype=np.float32)
-    (out,) = _batch.evaluate_jaxpr(program, [x], "eager", keep=marked)
+    (out,) = _batch.run_jaxpr(program, [x], "eager", keep=marked)
     np.testing.assert_array_equal(out, 3 * x + 200)  # the batch's output as kept, then the output kept

@@ -59,14 +59,14 @@ def test_cache_clear_frees_every_cached_program():
     spec = f.specialize(b, x)
     assert spec.program.folding_program.compiled is not None  # the second value compiled it
     refs = [weakref.ref(spec.consts[0]), weakref.ref(spec.program.folding_program)]
-    refs += [weakref.ref(p) for p in _compiled._programs.values()]
+    refs += [weakref.ref(p) for p in _compiled.programs.values()]
     del spec
     assert len(refs) > 2
     assert (f.cache_info().currsize, len(call_path(f).caches.programs)) == (2, 1)
 
     f.cache_clear()
     gc.collect()
-    assert (f.cache_info().currsize, len(call_path(f).caches.programs), len(_compiled._programs)) == (0, 0, 0)
+    assert (f.cache_info().currsize, len(call_path(f).caches.programs), len(_compiled.programs)) == (0, 0, 0)
     assert [r() for r in refs] == [None] * len(refs)
     np.testing.assert_allclose(f(a, x), affine(a, x), rtol=1e-5)  # and it works again
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pejit import FoldOptions, pejit
-from pejit._fold import _compiled, _offload
+from pejit._fold import _batch, _compiled, _offload
 
 from ._util import cpu_only
 from .test_batch import plan, scalar
@@ -44,13 +44,13 @@ def test_an_unrolled_chain_runs_as_one_loop(ahead, monkeypatch):
     if not ahead:
         monkeypatch.setattr(_compiled.LoopsAhead, "record", lambda self, recipe: None)
     A = constant()
-    _compiled.clear_programs()
+    _batch.clear_programs()
 
     f = _sin_chain(A, 12)
     batches, _ = plan(f, scalar())
     assert [(b.backend, b.equations) for b in batches] == [("loop", 36)]
     assert (batches[0].compile_seconds == 0) is (ahead and _offload.Kernels().enabled)
-    assert [key[0] for key in _compiled._programs] == ["loop"]
+    assert [key[0] for key in _compiled.programs] == ["loop"]
     g = pejit(lambda a, x: f(x), constant_argnums=0)
     close(g(A, 1.0), oracle_chain(A, 12)[0] + 1.0)
 
@@ -66,7 +66,7 @@ def test_the_worker_runs_a_chain_ahead_and_the_batch_the_steps_after(monkeypatch
     take = _compiled.LoopsAhead.take
     monkeypatch.setattr(_compiled.LoopsAhead, "take", lambda self, *a: taken.append(take(self, *a)) or taken[-1])
     A = constant()
-    _compiled.clear_programs()
+    _batch.clear_programs()
 
     def fold(f):
         return np.asarray(pejit(A, 1.0, constant_arg_nums=[0])(lambda a, x: f(x))(1.0))
@@ -162,11 +162,11 @@ def test_a_chain_the_batch_runs_eagerly_is_not_compiled_ahead():
     # and the steps are too few to pay a compilation, so the batch runs them
     # eagerly, and the trace compiles no loop for them either
     A = constant()[:256, :256]
-    _compiled.clear_programs()
+    _batch.clear_programs()
 
     batches, _ = plan(_sin_chain(A, 20), scalar())
     assert {b.backend for b in batches} == {"eager"}
-    assert not _compiled._programs
+    assert not _compiled.programs
 
 
 def _sin_chain(A, steps: int):

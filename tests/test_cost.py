@@ -187,3 +187,14 @@ def test_a_nested_call_is_looked_into():
     work = _known.known_work(closed, [True, False])
     assert {"transpose", "dot_general", "jit"} <= {e.primitive.name for e in work.folded}  # jit(cholesky) whole
     assert work.saved.library == 1 and work.pays(0.05)
+
+
+def test_a_pad_of_a_known_operand_by_an_unknown_value_must_fold():
+    # JAX cannot transpose it with the operand known (rules.transposable restages it):
+    # a program that holds one is folded, whatever folding it saves
+    pad = jax.make_jaxpr(lambda c, v: lax.pad(c, v, [(1, 1, 0)]))(jnp.ones(3), 0.0)
+    work = _known.known_work(pad, [True, False])
+    assert [e.primitive.name for e in work.needed] == ["pad"] and work.pays(0.05)
+    assert not _known.known_work(pad, [False, True]).needed  # the operand unknown: JAX transposes it
+    literal = jax.make_jaxpr(lambda c: lax.pad(c, 0.0, [(1, 1, 0)]))(jnp.ones(3))
+    assert not _known.known_work(literal, [True]).needed

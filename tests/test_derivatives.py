@@ -21,6 +21,7 @@ from jax import lax
 from jax.test_util import check_grads
 
 from pejit import pejit
+from pejit._jit import call_path
 
 pytestmark = pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
 
@@ -115,7 +116,7 @@ def test_a_reduce_of_a_folded_operand_and_a_differentiated_one():
     before = len(traced)
     grad(2 * YS)
     assert len(traced) == before  # the fold that failed is not tried again
-    notes = [n for spec in pf._derivative()._caches.specializations.values() for n in spec.report.fallbacks]
+    notes = [n for spec in call_path(pf)._derivative().caches.specializations.values() for n in spec.report.fallbacks]
     assert notes and all("perturbed by zero tangents" in n and "Zero" in n for n in notes)  # the symbolic zero
 
 
@@ -139,6 +140,6 @@ def test_derivatives_of_the_constants_alone_are_not_folded_by_default():
     pf = pejit(lambda a, y: jnp.linalg.inv(a) @ y, constant_argnums=0)
     a = jnp.asarray(RNG.standard_normal((6, 6)), jnp.float32) + 6 * jnp.eye(6)
     jax.grad(lambda y: pf(a, y).sum())(jnp.ones(6))
-    (spec,) = pf._derivative()._caches.specializations.values()
+    (spec,) = call_path(pf)._derivative().caches.specializations.values()
     assert not spec.report.fallbacks
     assert [e.primitive.name for e in spec.residual.jaxpr.eqns].count("dot_general") == 2  # value and tangent

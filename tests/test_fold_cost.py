@@ -153,7 +153,7 @@ def test_kept_values_are_compact():
 
     folder = Folder(FoldOptions())
     trace_staging(lambda x: [f(x)], [jax.core.ShapedArray((), jnp.float32)], folder)
-    kept = [v for v in folder._materialized.values() if np.size(v) == 4096]
+    kept = [v for v in folder.store.computed.values() if np.size(v) == 4096]
     uniform = [v for v in kept if isinstance(v, np.ndarray) and v.strides == (0,)]
     others = {id(v) for v in kept if not isinstance(v, np.ndarray)}
     assert len(uniform) >= 4 and len(others) == 1, (len(uniform), len(others))
@@ -337,12 +337,12 @@ def test_a_hi_primitive_folded_eagerly_compiles_one_program():
         pytest.skip(f"jnp.nonzero is not a hi primitive in JAX {jax.__version__}")
     (eqn,) = eqns
     with Compiles() as compiles:
-        (got,) = _abstract.evaluate(eqn.primitive, [mask], eqn.params)
+        (got,) = _abstract.bind_known(eqn.primitive, [mask], eqn.params)
     assert compiles.count == 1
     np.testing.assert_array_equal(got, np.nonzero(mask)[0][:3])
     (another,) = jax.make_jaxpr(lambda m: jnp.nonzero(m, size=3))(mask).jaxpr.eqns
     with Compiles() as compiles:  # another instance of the same kind and types: compiled already
-        (again,) = _abstract.evaluate(another.primitive, [~mask], another.params)
+        (again,) = _abstract.bind_known(another.primitive, [~mask], another.params)
     assert compiles.count == 0
     np.testing.assert_array_equal(again, [1, 4, 0])
 

@@ -73,7 +73,7 @@ def test_a_product_with_the_identity_is_xla_s_bit_for_bit_or_not_ruled(name):
     with x64():
         eqn = jax.make_jaxpr(lambda a, e: a @ e.T)(x, np.eye(3)).jaxpr.eqns[-1]
         want = np.asarray(jax.jit(lambda a, e: a @ e.T)(x, np.eye(3)))
-        got = _host.evaluate(eqn.primitive, [x, np.eye(3)], eqn.params)
+        got = _host.on_host(eqn.primitive, [x, np.eye(3)], eqn.params)
     if name in ("signed zeros", "no -0.0"):
         np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
         assert np.shares_memory(got, x) == (name == "no -0.0")  # x + 0 is x itself but for -0.0
@@ -94,8 +94,8 @@ def test_a_product_with_unit_vectors_is_a_part_of_the_other_matrix(unit, side):
     with x64():
         eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
         want = np.asarray(jax.jit(fun)(*args))
-        got = _host.evaluate(eqn.primitive, list(args), eqn.params)
-        assert _host.evaluate(eqn.primitive, [np.where(a is x, np.inf, a) for a in args], eqn.params) is None
+        got = _host.on_host(eqn.primitive, list(args), eqn.params)
+        assert _host.on_host(eqn.primitive, [np.where(a is x, np.inf, a) for a in args], eqn.params) is None
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
@@ -103,7 +103,7 @@ def test_a_product_with_an_almost_identity_is_not_ruled():
     eqn = jax.make_jaxpr(lambda a, e: a @ e)(F, np.eye(4, dtype=F.dtype)).jaxpr.eqns[-1]
     for not_eye in (np.eye(4, dtype=F.dtype) * 2, np.eye(4, dtype=F.dtype)[::-1], np.ones((4, 4), F.dtype),
                     np.eye(4, k=1, dtype=F.dtype), np.eye(4, k=-1, dtype=F.dtype)):
-        assert _host.evaluate(eqn.primitive, [F, not_eye], eqn.params) is None
+        assert _host.on_host(eqn.primitive, [F, not_eye], eqn.params) is None
 
 
 def _equations(fun, args):
@@ -112,7 +112,7 @@ def _equations(fun, args):
     for e in closed.jaxpr.eqns:
         ins = [env[a] if isinstance(a, _compat.Var) else a.val for a in e.invars]
         want = e.primitive.bind(*[jnp.asarray(x) for x in ins], **e.params)
-        got = _host.evaluate(e.primitive, ins, e.params)
+        got = _host.on_host(e.primitive, ins, e.params)
         env.update(zip(e.outvars, want if e.primitive.multiple_results else [want]))
         yield e, got, want
 
@@ -157,7 +157,7 @@ def test_a_batch_of_moves_and_ieee_arithmetic_compiles_nothing():
     a, b = jnp.asarray(F), jnp.asarray(G)
     closed = jax.make_jaxpr(fold)(a, b)
     with Compiles() as compiles:
-        (out,) = _batch.evaluate_jaxpr(closed, [a, b], backend="eager")
+        (out,) = _batch.run_jaxpr(closed, [a, b], backend="eager")
     assert compiles.count == 0
     with jax.disable_jit():  # JAX op by op: each primitive compiled alone, no fusion
         np.testing.assert_array_equal(out, fold(a, b))
@@ -169,21 +169,21 @@ def test_a_nested_call_is_evaluated_op_by_op_when_rules_cover_its_body():
     closed = jax.make_jaxpr(lambda a, b: covered(a, b))(F, G)
     (call,) = closed.jaxpr.eqns
     with Compiles() as compiles:
-        (got,) = _host.evaluate(call.primitive, [F, G], call.params)
+        (got,) = _host.on_host(call.primitive, [F, G], call.params)
     assert compiles.count == 0
     with jax.disable_jit():  # JAX's bits op by op (compiled whole, XLA contracts a * b - 1 into an FMA)
         np.testing.assert_array_equal(got, covered(F, G))
 
     uncovered = jax.make_jaxpr(lambda a: jax.jit(lambda y: jnp.sin(y) * 2.0)(a))(F)
     (call,) = uncovered.jaxpr.eqns
-    assert _host.evaluate(call.primitive, [F], call.params) is None  # sin: JAX compiles the call
+    assert _host.on_host(call.primitive, [F], call.params) is None  # sin: JAX compiles the call
 
 
 def test_a_python_bool_operand_is_jax_s_bool():
     """A known Python ``bool`` (never weakly typed) meets a host rule as ``np.bool_``."""
-    got = _host.evaluate(lax.or_p, [True, B], {})
+    got = _host.on_host(lax.or_p, [True, B], {})
     np.testing.assert_array_equal(got, np.asarray(lax.bitwise_or(True, jnp.asarray(B))), strict=True)
-    assert _host.evaluate(lax.add_p, [1, I], {}) is None  # a Python int is weakly typed: JAX's
+    assert _host.on_host(lax.add_p, [1, I], {}) is None  # a Python int is weakly typed: JAX's
 
 
 def test_jnp_remainder_compiles_nothing():
@@ -192,7 +192,7 @@ def test_jnp_remainder_compiles_nothing():
     humanoid's first call)."""
     (call,) = jax.make_jaxpr(jnp.remainder)(I, np.int32(-5)).jaxpr.eqns
     with Compiles() as compiles:
-        (got,) = _host.evaluate(call.primitive, [I, np.int32(-5)], call.params)
+        (got,) = _host.on_host(call.primitive, [I, np.int32(-5)], call.params)
     assert compiles.count == 0
     np.testing.assert_array_equal(got, np.remainder(I, -5), strict=True)
 
@@ -202,7 +202,7 @@ def test_a_view_of_a_whole_array_is_not_copied_a_part_is():
     532 1331x651 tangents: copying them was 0.9 s); a slice would keep its
     source, so it is copied, as XLA's result would be an array of its own."""
     a = np.arange(12.0).reshape(3, 4)
-    (t, s) = (_host.evaluate(p, [a], params) for p, params in (
+    (t, s) = (_host.on_host(p, [a], params) for p, params in (
         (lax.transpose_p, {"permutation": (1, 0)}),
         (lax.slice_p, {"start_indices": (0, 0), "limit_indices": (2, 4), "strides": None})))
     assert np.shares_memory(t, a) and not np.shares_memory(s, a)
@@ -218,8 +218,8 @@ def test_a_product_with_zeros_is_xla_s_zeros_bit_for_bit(zeros):
     with x64():
         eqn = jax.make_jaxpr(lambda a, z: a @ z)(a, z).jaxpr.eqns[-1]
         want = np.asarray(jax.jit(lambda a, z: a @ z)(a, z))
-        got = _host.evaluate(eqn.primitive, [a, z], eqn.params)
-        assert _host.evaluate(eqn.primitive, [np.array([[np.inf, 0, 0], [0, 0, 0]]), z], eqn.params) is None
+        got = _host.on_host(eqn.primitive, [a, z], eqn.params)
+        assert _host.on_host(eqn.primitive, [np.array([[np.inf, 0, 0], [0, 0, 0]]), z], eqn.params) is None
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
     assert got.strides == (0, 0)
 
@@ -230,7 +230,7 @@ def test_arithmetic_on_broadcasts_computes_one_element():
     z, c = np.broadcast_to(np.float32(-0.0), (300, 200)), np.broadcast_to(np.float32(0.1), (300, 200))
     for fun, args in ((lax.add, (z, z)), (lax.sub, (c, z)), (lax.mul, (c, c))):
         eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
-        got = _host.evaluate(eqn.primitive, list(args), eqn.params)
+        got = _host.on_host(eqn.primitive, list(args), eqn.params)
         assert got.strides == (0, 0)
         want = np.asarray(fun(*map(jnp.asarray, args)))
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -245,7 +245,7 @@ def test_arithmetic_on_row_broadcasts_computes_one_row():
     for fun, args, strides in ((lax.mul, (rows, zero_rows), (0, 4)), (lax.max, (rows, np.float32(0.5)), (0, 4)),
                                (lax.add, (rows, cols), None)):
         eqn = jax.make_jaxpr(fun)(*args).jaxpr.eqns[-1]
-        got = _host.evaluate(eqn.primitive, list(args), eqn.params)
+        got = _host.on_host(eqn.primitive, list(args), eqn.params)
         assert strides is None or got.strides == strides
         want = np.asarray(fun(*map(jnp.asarray, args)))
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -291,7 +291,7 @@ def test_a_sum_with_zeros_is_the_other_term_where_its_bits_are_xla_s(name):
     with x64():
         eqn = jax.make_jaxpr(fun)(a, b).jaxpr.eqns[-1]
         want = np.asarray(jax.jit(fun)(a, b))
-        got = _host.evaluate(eqn.primitive, [a, b], eqn.params)
+        got = _host.on_host(eqn.primitive, [a, b], eqn.params)
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
     returned = {"a": got is a, "b": got is b, "broadcast": got.strides == (0, 0)}
     assert [k for k, hit in returned.items() if hit] == ([] if kind == "computed" else [kind])

@@ -15,7 +15,7 @@ from jax.interpreters import mlir
 from pejit import pe, pejit
 from pejit import _compat
 from pejit._fold import _abstract, _batch, _host, _offload
-from pejit._fold._batch import Recipe
+from pejit._fold._recipe import Recipe
 from pejit._calls._program import FoldingProgram
 
 from ._util import Compiles, cpu_devices, cpu_only
@@ -212,21 +212,21 @@ def _drain_before(monkeypatch, module, name):
 @pytest.mark.parametrize("form", ["pejit", "pe"])
 def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form):
     compiled_on, evaluated = [], []
-    compile_, evaluate = jax.stages.Lowered.compile, _abstract.evaluate
+    compile_, bind_known = jax.stages.Lowered.compile, _abstract.bind_known
 
     def compile_watched(self, *args, **kwargs):
         if "sine" in self.as_text():  # sin, cos
             compiled_on.append(threading.current_thread().name)
         return compile_(self, *args, **kwargs)
 
-    def evaluate_watched(prim, args, params, *outer):
+    def bind_watched(prim, args, params, *outer):
         evaluated.append(str(params.get("jaxpr", prim.name)))  # a call: its body
-        return evaluate(prim, args, params, *outer)
+        return bind_known(prim, args, params, *outer)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", compile_watched)
-    monkeypatch.setattr(_abstract, "evaluate", evaluate_watched)
+    monkeypatch.setattr(_abstract, "bind_known", bind_watched)
     _drain_before(monkeypatch, _batch, "run_batch")
-    _offload.clear_programs()
+    _batch.clear_programs()
 
     def f(A, x):
         for _ in range(3):
@@ -294,7 +294,7 @@ def test_a_program_that_fails_to_compile_ahead_is_left_to_the_batch(monkeypatch)
     sin = _call_eqn(jnp.sin, a)
     var = _compat.new_var(jax.core.ShapedArray(a.shape, a.dtype))
     recipe = Recipe(sin.primitive, (var,), sin.params, (_compat.new_var(jax.core.ShapedArray(a.shape, a.dtype)),))
-    _offload.clear_programs()
+    _batch.clear_programs()
     kernel = _offload._lowered(recipe, _offload._specs([a]))
     monkeypatch.setattr(kernel, "_lowered", None)  # compiling raises
     kernel.ahead = True

@@ -307,13 +307,13 @@ def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_fo
     inlines it: two calls on the same known input fold its known
     work once, where a known part per call computed it twice (TFC's
     full-size PDE: 2029 equal folds found instead of 885, 2 s of its 11)."""
-    from pejit._fold import _abstract, _batch, _device, _host, _offload
+    from pejit._fold import _abstract, _device, _offload
 
     scaled = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) * x, inline=True)
     shifted = jax.jit(lambda c, x: (2.0 * jnp.sin(c) + 1.0) - x, inline=True)  # another body, the same known work
     f = lambda c, x: scaled(c, x) + shifted(c, x)  # noqa: E731
     evaluated = []
-    evaluate, take = _abstract.evaluate, _offload.Kernels.take
+    bind_known, take = _abstract.bind_known, _offload.Kernels.take
 
     def taken(kernels, recipe, args):  # by the program the worker compiled while traced
         out = take(kernels, recipe, args)
@@ -321,8 +321,8 @@ def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_fo
             evaluated.append(recipe.prim.name)
         return out
 
-    monkeypatch.setattr(_batch._abstract, "evaluate",
-                        lambda prim, *a, **k: evaluated.append(prim.name) or evaluate(prim, *a, **k))
+    monkeypatch.setattr(_abstract, "bind_known",
+                        lambda prim, *a, **k: evaluated.append(prim.name) or bind_known(prim, *a, **k))
     monkeypatch.setattr(_offload.Kernels, "take", taken)
     c, x = jnp.linspace(0.1, 1.0, 300), jnp.arange(300.0)  # not tiny: tiny folds are evaluated on the spot
     g = pejit.pejit(c, x, constant_arg_nums=[0], fold_options=FoldOptions(backend="eager"))(f)

@@ -17,7 +17,8 @@ from jax.extend.core import Primitive
 
 from pejit import _compat
 from pejit._fold import _batch, _host, _offload, _refold, _trim
-from pejit._fold._batch import Recipe, Segment
+from pejit._fold._plan import Segment
+from pejit._fold._recipe import Recipe
 
 from ._util import cpu_only
 
@@ -71,7 +72,7 @@ def _batch_reading_h_far_apart(pair: bool = False):
 def _recording(monkeypatch):
     """The threads that compute ``h`` (a host rule on ``C``), as they do."""
     threads = []
-    evaluate = _host.evaluate
+    on_host = _host.on_host
     recomputing.clear()
 
     def recorded(prim, args, params):
@@ -79,9 +80,9 @@ def _recording(monkeypatch):
             threads.append(threading.current_thread())
             if len(threads) > 1:
                 recomputing.set()
-        return evaluate(prim, args, params)
+        return on_host(prim, args, params)
 
-    monkeypatch.setattr(_host, "evaluate", recorded)
+    monkeypatch.setattr(_host, "on_host", recorded)
     return threads
 
 
@@ -207,7 +208,7 @@ def _taken_back(queued):
         done.set()
         return queued()
 
-    refolds = _refold.Refolds([], {}, Counter(), None, worker)
+    refolds = _refold.Refolds([], {}, Counter(), _batch.eagerly, None, worker)
     future = worker.submit(running)
     assert started.wait(10)
     refolds._ahead["other"] = (worker.submit(job), job)

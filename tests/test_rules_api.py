@@ -91,3 +91,63 @@ def test_rule_agrees_with_the_primitive(known):
     # The rule must not change results: compare with the primitive's impl.
     f = pe(solve, constant_argnums=0 if known else ())
     np.testing.assert_allclose(f(A, b), solve_p.impl(A, b), rtol=1e-5)
+
+
+# -- one registration for every facet of a primitive (pejit._residual.rules.registry) ----------
+def _facets():
+    return dict(
+        fold=lambda folder, trace, prim, args, params: NotImplemented,
+        saving=lambda eqn, known, producers, nested: None,
+        cost=lambda eqn: None,
+        host=lambda x: x,
+        affine=lambda eqn, known: True,
+        additive=range,
+        linear=lambda args, batched: args[0],
+        fixed=lambda n: (),
+    )
+
+
+def test_register_primitive_writes_each_facet_into_the_table_its_layer_reads():
+    from pejit._fold import _cost, _fold_rules, _host, _known
+    from pejit._residual import _linear
+    from pejit._residual.rules import affine, register_primitive
+
+    p = Primitive("test_rules_api_facets")
+    facets = _facets()
+    register_primitive(p, deferred=True, known_by_default=True, **facets)
+    tables = {"fold": _fold_rules.fold_rules, "saving": _known.saving_rules, "cost": _cost.cost_rules,
+              "host": _host.HOST_RULES, "affine": affine.affine_rules, "additive": affine.ADDITIVE,
+              "linear": _linear.LINEAR_RULES, "fixed": _linear.FIXED}
+    assert {name: table[p] for name, table in tables.items()} == facets
+    assert p in _fold_rules.deferred_ok and p in _fold_rules.known_by_default
+    # a fold rule registered again comes with its own flags; the other facets stay
+    again = _facets()["fold"]
+    register_fold_rule(p)(again)
+    assert _fold_rules.fold_rules[p] is again and _cost.cost_rules[p] is facets["cost"]
+    assert p not in _fold_rules.deferred_ok and p not in _fold_rules.known_by_default
+
+
+def test_register_primitive_names_what_is_wrong():
+    from pejit._residual.rules import register_primitive
+
+    p = Primitive("test_rules_api_wrong")
+    with pytest.raises(TypeError, match="prims must be jax.extend.core.Primitive"):
+        register_primitive("add", cost=lambda eqn: None)
+    with pytest.raises(TypeError, match="host must be callable"):
+        register_primitive(p, host=2.0)
+    with pytest.raises(ValueError, match="deferred describes a fold rule"):
+        register_primitive(p, cost=lambda eqn: None, deferred=True)
+    with pytest.raises(ValueError, match="fixed describes a linear rule"):
+        register_primitive(p, affine=lambda eqn, known: True, fixed=lambda n: ())
+    with pytest.raises(ValueError, match="no facet given"):
+        register_primitive(p)
+
+
+def test_the_built_in_rules_say_which_leave_known_applications_to_the_default_rule():
+    from jax.extend.core import primitives as P
+
+    from pejit import _compat
+    from pejit._fold._fold_rules import fold_rules, known_by_default
+
+    assert {_compat.jit_p, _compat.remat_p, P.scan_p, P.while_p, P.dot_general_p} <= known_by_default
+    assert P.cond_p in fold_rules and P.cond_p not in known_by_default  # it inlines the known branch instead

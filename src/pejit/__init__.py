@@ -38,12 +38,12 @@ from ._calls._stages import Lowered as Lowered
 from ._calls._stages import Traced as Traced
 from ._explain import explain as explain
 from ._export import export_folded as export_folded
-from ._fold._fold_rules import register_fold_rule as register_fold_rule
 from ._fold._options import FoldOptions as FoldOptions
 from ._jit import Pejitted as Pejitted
 from ._reports._report import FoldReport as FoldReport
 from ._residual._partial_eval import Residual as Residual
 from ._residual._partial_eval import specialize_jaxpr as specialize_jaxpr
+from ._residual.rules.registry import register_fold_rule as register_fold_rule
 from ._tfc import BoundPejitted as BoundPejitted
 
 __version__ = "0.1.0"

@@ -47,7 +47,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _compat
-from .._fold._staging import policy_of
+from .._fold._stats import note
 from ._argnums import interleave
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -145,7 +145,7 @@ def jvp_of(fun: Callable) -> Callable:
 
         consts = [c for c, z in zip(const_leaves, zeros) if z]
         if consts:
-            _note(primals, f"the derivative is folded with the constants perturbed by zero tangents: with "
+            note(f"the derivative is folded with the constants perturbed by zero tangents: with "
                            f"symbolic zeros, a JVP rule failed ({why})")
         return jax.jvp(moved, (*consts, *(x for x, p in zip(primals, perturbed) if p)),
                        (*map(jax.numpy.zeros_like, consts), *tangents))
@@ -164,9 +164,3 @@ def _inexact_array(x: Any) -> bool:
     """Whether a constant leaf is an array that has tangents of its own (float or complex)."""
     return isinstance(x, (jax.Array, np.ndarray, np.generic)) and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
 
-
-def _note(primals: list, text: str) -> None:
-    """Add ``text`` to the report of the fold tracing ``primals`` (none where nothing folds them)."""
-    folder = next((f for f in map(policy_of, primals) if f is not None), None)
-    if folder is not None and text not in folder.stats.notes:
-        folder.stats.notes.append(text)

@@ -36,6 +36,7 @@ from .._fold import _known
 from .._fold._options import FoldOptions
 from .._fold._primitives import subjaxprs
 from .._fold._staging import ClosedOverTracer
+from .._fold._stats import noting
 from .._residual._collapse import collapsible
 from ._keys import OtherSignature, is_array
 from ._program import PerValue, why_per_value
@@ -53,6 +54,7 @@ class Traced:
     out_tree: Any
     arrays: int  # how many leading inputs are constant arrays
     run: Callable
+    notes: tuple = ()  # what the trace noted for the report (``_stats.note``): a fold of it replays no Python
 
 
 def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any],
@@ -93,7 +95,8 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     try:
         if dynamic is None:
             dynamic = jax.tree_util.tree_unflatten(in_tree, [_struct(a) for a in avals])
-        traced = run.trace(*arrays, *dynamic[0], **dynamic[1])
+        with noting([]) as notes:
+            traced = run.trace(*arrays, *dynamic[0], **dynamic[1])
     except ClosedOverTracer:  # no value would help
         raise
     except Exception as e:  # noqa: BLE001 -- see above
@@ -103,7 +106,7 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     reason = why_per_value(closed.jaxpr, traces)
     if reason is not None:
         return PerValue(reason)
-    return Traced(closed, out_trees[-1], len(arrays), run)
+    return Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))
 
 
 def _struct(aval) -> jax.ShapeDtypeStruct:

@@ -27,7 +27,7 @@ from . import _argnums
 from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import OtherSignature
-from .._fold._stats import FoldStats
+from .._fold._stats import BatchInfo, FoldStats
 from .._fold._primitives import CUSTOM_CALLS, subjaxprs
 from .._reports._report import FoldReport
 from .._residual._partial_eval import Residual, SharePlan
@@ -100,11 +100,11 @@ class FoldingProgram:
         self.residual: Jaxpr | None = None
         self.share: SharePlan | None = None
 
-    def evaluate(self, *arrays, keep: Callable | None = None, tick: Callable | None = None,
-                 kernels: _offload.Kernels | None = None) -> list:
+    def run_as_batch(self, *arrays, keep: Callable | None = None, tick: Callable | None = None,
+                     kernels: _offload.Kernels | None = None) -> list:
         """Evaluate the program's jaxpr on ``arrays`` without compiling it whole.
 
-        One batch of the folding back end (:func:`pejit._fold._batch.evaluate_jaxpr`):
+        One batch of the folding back end (:func:`pejit._fold._batch.run_jaxpr`):
         op by op or by compiled segments, each intermediate freed after its
         last use; ``keep`` sees each folded constant as it is produced,
         ``tick`` the equations evaluated; ``kernels``, those handed out
@@ -115,8 +115,8 @@ class FoldingProgram:
         # float32 when 64-bit mode is off, rounded before anything reads it
         arrays = [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype
                   else a for a, aval in zip(arrays, self.traced.jaxpr.in_avals)]
-        segments: list[_batch.BatchInfo] = []
-        out = _batch.evaluate_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments, kernels)
+        segments: list[BatchInfo] = []
+        out = _batch.run_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments, kernels)
         for seg in segments:  # where the first value's time goes (the bench's fold breakdown reads these)
             _logger.debug("folding program: first value, %d equations (%s), %.1f MiB written, %.3g s"
                           " (%.3g s compiling)", seg.equations, seg.backend, seg.out_bytes / 2**20, seg.seconds,
@@ -133,7 +133,7 @@ class FoldingProgram:
             if tick is not None:
                 tick(len(self.traced.jaxpr.eqns))
             return consts
-        return self.evaluate(*arrays, keep=keep, tick=tick, kernels=kernels)
+        return self.run_as_batch(*arrays, keep=keep, tick=tick, kernels=kernels)
 
     def __call__(self, *arrays) -> list:
         if self.compiled is None and self._compilable:
@@ -142,7 +142,7 @@ class FoldingProgram:
             except Exception:  # no lowering for some folded primitive
                 self._compilable = False
         if self.compiled is None:
-            return self.evaluate(*arrays)
+            return self.run_as_batch(*arrays)
         return self.compiled(*arrays)
 
 

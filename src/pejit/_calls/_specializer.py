@@ -198,6 +198,7 @@ def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: lis
         state["jaxpr"] = residual.open_jaxpr()
         state["nconsts"] = len(residual.consts)
         state["stats"] = residual.stats
+        residual.stats.notes.extend(n for n in traced.notes if n not in residual.stats.notes)
         return place(info, residual.consts, jax.lax.with_sharding_constraint)
 
     progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
@@ -236,7 +237,7 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     as they are (:class:`~pejit._calls._program.AsGiven`)."""
     jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
     as_given = AsGiven(consts)
-    stats = FoldStats()
+    stats = FoldStats(notes=list(seen.traced.notes))
     work = seen.work
     if work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
         stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False))

@@ -22,9 +22,15 @@ import jax
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._fold._folding import Folder
+from .._fold import _batch
+from .._fold._folding import concrete_value, evaluate_now
+from .._fold._memo import Memo
+from .._fold._multihost import check_fetchable
 from .._fold._primitives import prune
-from .._fold._staging import trace_staging
+from .._fold._staging import known_value, policy_of, trace_staging
+from .._fold._stats import FoldStats
+from .._fold._store import Store
+from .._fold._progress import Progress
 from .._reports._report import FoldReport
 from ._argnums import interleave
 from ._info import PejitInfo, split_call
@@ -32,28 +38,70 @@ from ._keys import dynamic_aval
 from ._specializer import as_jax
 
 
-class StageAll(Folder):
-    """A policy that folds nothing, but keeps known values materializable."""
+class StageAll:
+    """A folding policy (:class:`~pejit._fold._policy.FoldPolicy`) that folds nothing,
+    but keeps known values materializable.
 
-    stores_unfused = False
+    Every equation on known values is staged lazily: recorded in a
+    :class:`~pejit._fold._store.Store` (equal ones once, by a
+    :class:`~pejit._fold._memo.Memo`), so that Python can still ask for a
+    known value, and computed only then; each stays in the jaxpr.
+    """
+
+    def __init__(self):
+        self.stats = FoldStats()  # the batches Python's questions ran; nothing reads them
+        self._store = Store(self.stats, Progress("fold", False), "auto", _batch.run_batch)
+        self._memo = Memo(self._store.var)
 
     def __call__(self, trace, prim, args, params):
-        args = [self._known_value(trace, a) for a in args]
+        args = [known_value(trace, a) for a in args]
         if not all(self.is_known(a) for a in args):
             return NotImplemented
         try:
             effects = _compat.primitive_effects(prim, [_compat.typeof(a) for a in args], params)
         except Exception as e:  # no abstract evaluation: the value stands in
-            return self._evaluate_now(prim, args, params, e)
+            return evaluate_now(self, prim, args, params, e)
         if effects:
             return NotImplemented
-        return self.stage_lazy(trace, prim, args, params)
+        key = self._memo.key(prim, args, params)
+        outs = self._memo.get(key)
+        if outs is None:
+            outs, recipe = self._store.record(trace, prim, args, params, lazy=True,
+                                              params_key=None if key is None else key.params)
+            self._memo.remember(key, outs, args, recipe)
+        return outs
+
+    def is_known(self, x) -> bool:
+        """Whether ``x`` is known: not staged by this policy, or staged lazily on known values."""
+        return policy_of(x) is not self or self._store.var(x) is not None
 
     def materialize(self, x):
-        # Evaluate outside the staging trace: impls that re-enter JAX
-        # (``custom_jvp_call`` runs its function) must not stage again.
+        """The value of a known ``x``, computed outside the staging trace: impls
+        that re-enter JAX (``custom_jvp_call`` runs its function) must not stage again."""
         with _compat.set_current_trace(_compat.eval_trace):
-            return super().materialize(x)
+            return self._store.value(x)
+
+    def call_inputs(self, trace, args) -> list:
+        known = [known_value(trace, a) for a in args]
+        if all(self.is_known(a) for a in known):
+            return [self.materialize(a) for a in known]
+        return list(args)
+
+    def concrete_value(self, tracer):
+        return concrete_value(self, tracer)
+
+    def numpy_value(self, tracer):
+        value = self.concrete_value(tracer)
+        check_fetchable(value)  # sharded across processes: name the user's line
+        return value
+
+    def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
+        """The jaxpr as traced, its dead equations dropped (values Python asked for leave some)."""
+        kept, _ = self._store.split(jaxpr, lambda recipe, unfused: False)
+        self._memo.clear()
+        if self._store.abstract():
+            self._store.clear()
+        return _compat.with_invars(jaxpr.replace(eqns=kept), jaxpr.invars), list(consts)
 
 
 def explained(path: Any, args: tuple, kwargs: dict) -> FoldReport:

@@ -44,6 +44,7 @@ from ._tracing import JaxprTrace as JaxprTrace
 from ._tracing import Tracer as Tracer
 from ._tracing import abstract_eval as abstract_eval
 from ._tracing import at_top_level as at_top_level
+from ._tracing import bind_outside as bind_outside
 from ._tracing import canonicalize_value as canonicalize_value
 from ._tracing import const_of as const_of
 from ._tracing import core_trace as core_trace
@@ -51,7 +52,6 @@ from ._tracing import current_source_info as current_source_info
 from ._tracing import eager_constant_folding as eager_constant_folding
 from ._tracing import ensure_no_leaks as ensure_no_leaks
 from ._tracing import eval_trace as eval_trace
-from ._tracing import evaluate as evaluate
 from ._tracing import evaluating as evaluating
 from ._tracing import primitive_effects as primitive_effects
 from ._tracing import reset_name_stack as reset_name_stack

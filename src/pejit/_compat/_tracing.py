@@ -17,7 +17,7 @@ a loop body or branch would evaluate every operation on closed-over
 constants itself, effects included, behind the policy's back.
 
 Where versions differ: ``Primitive.bind_with_trace`` takes the input avals
-from 0.10 (:func:`evaluate`); ``DynamicJaxprTrace.new_const`` converts
+from 0.10 (:func:`bind_outside`); ``DynamicJaxprTrace.new_const`` converts
 non-canonical constants before 0.10 and asserts on them from 0.10
 (``dtypes.canonicalize_value``, 0.10 on, makes them canonical); avals
 carry a "QDD" (``has_qdd``, ``AvalQDD``) until 0.11.0, which
@@ -141,8 +141,9 @@ else:
         return prim.bind_with_trace(trace, args, params)
 
 
-def evaluate(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
-    """Bind ``prim`` on known ``args``: eagerly, or on ``trace``.
+def bind_outside(prim, args: Sequence[Any], params: dict, trace=None) -> Any:
+    """Bind ``prim`` on known ``args`` outside the folding trace: at top level
+    (evaluated now), or on ``trace``.
 
     ``trace`` is the outer trace of abstract constants (see
     :mod:`pejit._fold._abstract`), which then stages ``prim`` into its program.

@@ -1,23 +1,32 @@
 """The folding trace and its back end: known work evaluated, dynamic work staged.
 
-In the order a fold passes through them: ``_staging`` is JAX's tracing to
-a jaxpr, with a policy (``_policy``'s ``FoldPolicy``) asked before each
-equation; ``_folding``'s ``Folder`` is that policy: it looks the
-primitive up in the fold rules (``_fold_rules``), stages dynamic work and
-records known work as recipes, keeps cheap expansions lazy, reads its
-switches from ``_options`` and counts into ``_stats``. ``_cost`` is the
-cost model every decision of pejit's asks (does this fold, hoist, split,
-collapse, compile pay?), from one measure per equation and the profile of
-the device the program runs on (``_device``); ``_known`` reads off a jaxpr
-what folding its known inputs would save, before anything is evaluated.
-``_batch`` evaluates the recipes a value needs, in batches, eager or
-compiled: programs, and unrolled loops rolled again, by ``_compiled``; on the host where NumPy gives XLA's bits
-(``_host``); opaque kernels on a worker thread (``_offload``); far reads
-of constant-only values computed again (``_refold``), or held while the
-heap is trimmed (``_trim``); results kept compact (``_values``). Beside
-them: ``_abstract`` (known values that are tracers, for value-independent
-folding programs), ``_primitives`` (the tables of primitives by kind),
-``_progress``, ``_gc`` and ``_multihost``.
+Read first ``_folding``: ``Folder`` is the folding interpreter, a loop over
+primitive applications and a table of rules (``_fold_rules``), as in JAX's
+autodidax; ``_staging`` is JAX's tracing to a jaxpr that asks it (or any
+``FoldPolicy``, ``_policy``) before each equation. Then ``_store``, where known
+work waits until something needs its value.
+
+In the order a fold passes through them: the ``Folder`` looks each
+primitive up in the fold rules, stages dynamic work and records known work
+as recipes (``_recipe``) in its ``Store`` (``_store``), equal folds once
+(``_memo``), while the worker starts kernels and compiles loops ahead
+(``_schedule``); cheap expansions stay lazy. It reads its switches from
+``_options`` and counts into ``_stats``. ``_cost`` is the cost model every
+decision of pejit's asks (does this fold, hoist, split, collapse, compile
+pay?), from one measure per equation and the profile of the device the
+program runs on (``_device``); ``_known`` reads off a jaxpr what folding its
+known inputs would save, before anything is evaluated.
+
+The store computes values in batches: ``_plan`` splits a batch into
+segments and picks a back end for each; ``_batch`` holds the table of back
+ends and runs the segments: equation by equation (on the host where NumPy
+gives XLA's bits, ``_host``; else by JAX, or staged into a folding program
+of abstract constants, ``_abstract``), or as programs, unrolled loops
+rolled again, by ``_compiled``; opaque kernels run on a worker thread
+(``_offload``); far reads of constant-only values are computed again
+(``_refold``), or held while the heap is trimmed (``_trim``); results are
+kept compact (``_values``). Beside them: ``_primitives`` (the tables of
+primitives by kind), ``_progress``, ``_gc`` and ``_multihost``.
 
 Imports: ``_compat`` only.
 """

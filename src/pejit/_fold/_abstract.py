@@ -8,7 +8,7 @@ constant arrays: the known values are then tracers of that outer trace,
 program instead of evaluating it; Python cannot ask for their values; and a
 folded value that is abstract differs per specialization, so it can never
 become a literal. This module is the one place that knows the trick; the
-folding layer asks it.
+folding layer asks it, and binds known work by :func:`bind_known`.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ def outer_trace(values: Iterable[Any]):
     return next((_compat.trace_of(x) for x in values if is_abstract(x)), None)
 
 
-def evaluate(prim, args: Sequence[Any], params: dict, outer=None) -> Any:
-    """Fold ``prim`` on known ``args``: evaluate it now, or stage it into the
-    outer program of abstract constants (``outer``, or that of ``args``)."""
+def bind_known(prim, args: Sequence[Any], params: dict, outer=None) -> Any:
+    """``prim`` on known ``args`` by JAX: evaluated now, or staged into the outer
+    program of abstract constants (``outer``, or that of ``args``)."""
     outer = outer or outer_trace(args)
     if outer is None and prim.name in COMPILED_WHOLE:
         with _compat.at_top_level():  # evaluated, not staged into the trace that folds
             return _compiled_whole(prim, *args, **params)
-    return _compat.evaluate(prim, args, params, outer)
+    return _compat.bind_outside(prim, args, params, outer)
 
 
 #: Primitives whose eager evaluation runs their lowering op by op, each

@@ -1,39 +1,25 @@
-"""The folding back end: evaluating known work in batches.
+"""Running a planned batch of known work: one table of back ends, and the loop over segments.
 
-The folding trace does not evaluate known equations when it meets them: it
-records each one as a :class:`Recipe` and stages a placeholder (see
-``Folder.default``). Values are *materialized* in batches, when something
-needs them: Python (``bool(x)``, ``np.asarray(x)``), a fold rule (a
-``cond`` index), or, at the end of the trace, the residual program, whose
-constants they become. A batch is the set of recipes the requested values
-depend on that have not run yet, in the order the trace recorded them.
+:func:`pejit._fold._plan.plan_batch` splits a batch into segments and names
+the back end of each; :data:`BACKENDS` maps that name to the function that
+runs it, ``run(segment, batch)``: ``"eager"`` (equation by equation, by a
+kernel the worker ran, a host rule or JAX's dispatch), ``"compiled"`` (one
+program), ``"loop"`` (a chain of compiled runs, one loop) and ``"program"``
+(staged into a folding program). :func:`run_batch` is the loop over the
+segments. What the back ends share is a :class:`BatchRun`: the values
+computed so far, each freed after its last read; the kernels handed to the
+worker (:mod:`pejit._fold._offload`); the values of constants alone that are
+dropped and computed again at a far read (:mod:`pejit._fold._refold`), with
+the heap trimmed while they are held (:mod:`pejit._fold._trim`); and the
+progress bar.
 
-Each batch runs on one of two back ends:
-
-* **eager**: equation by equation with JAX's per-primitive dispatch. Every
-  primitive/shape pair is compiled once and cached, so the cost per equation
-  is a dispatch (tens of microseconds) plus the equation's own memory
-  traffic; nothing to compile for the batch as a whole.
-* **compiled**: the batch becomes one ``jax.jit`` program. XLA fuses the
-  elementwise work, so intermediates are never written to memory, but the
-  program must be compiled: a fixed cost plus a cost per equation. The
-  steps of an unrolled loop, each feeding the next, become one compiled
-  loop (:mod:`pejit._fold._compiled`).
-
-:func:`plan_batch` splits a batch into segments and picks a back end for
-each with a cost model: fusing saves, per equation, one dispatch and the
-memory traffic of its intermediates (written, then read back); it costs a
-compilation. Many small equations (a long chain on a small array) favour
-eager evaluation; runs of cheap elementwise equations on large arrays
-favour one compiled program. Primitives without a lowering always run
-eagerly.
+:func:`run_jaxpr` runs a whole jaxpr as one batch (a folding program's
+first value); :data:`known_part_p` and :data:`batch_p` are the call
+primitives that carry known work into a folding program.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import itertools
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -44,192 +30,152 @@ import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from .. import _compat
-from . import _abstract, _compiled, _cost, _device, _host, _offload, _primitives, _refold, _trim
-from ._values import nbytes
+from . import _abstract, _compiled, _host, _offload, _refold, _trim
+from ._plan import Segment, plan_batch
+from ._primitives import is_var
+from ._recipe import Recipe
+from ._stats import BatchInfo
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Recipe:
-    """One known equation whose outputs have not been computed yet.
 
-    ``args`` holds concrete values and the ``Var`` of other recipes' outputs.
-    ``outvars`` has ``None`` for outputs that JAX's staging forwarded or
-    folded itself. ``lazy`` recipes are cheap expansions that also stay in
-    the residual program; the others are folds, whose outputs become
-    constants. ``serial`` is its place among the recipes of its trace: a
-    batch runs them in that order (see ``Folder._batch``). ``params_key``
-    is ``params`` as part of a key (:func:`pejit._fold._primitives.params_key`),
-    computed once: the fold, the worker's kernels and the batch's programs
-    each key the recipe by it (9 us apiece for a ``jnp`` call's eleven
-    parameters).
+class BatchRun:
+    """A planned batch as it runs: what its back ends share.
+
+    ``env`` maps the ``Var`` of each value computed so far to it, until its
+    last read in the batch (:meth:`done` frees it). An output is handed to
+    ``keep`` as soon as it is produced, and what ``keep`` returns is what the
+    batch holds on to for it (see :class:`pejit._fold._values.Compactor`); the
+    value itself stays only until its last read. The values of ``compact``
+    are handed to ``keep`` too, and their later reads read what it returns.
     """
 
-    prim: Any
-    args: tuple
-    params: dict
-    outvars: tuple
-    lazy: bool = False
-    serial: int = 0
-    params_key: tuple = dataclasses.field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    def __init__(self, segments: Sequence[Segment], env: dict, outputs: Sequence[Any],
+                 keep: Callable[[Any], Any] | None, tick: Callable[[int], None] | None, compact: Collection[Any],
+                 kernels: _offload.Kernels | None, loops: _compiled.LoopsAhead | None):
+        self.env = dict(env)
+        self.uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if is_var(a))
+        self.wanted = set(outputs)
+        self.results = {v: self.env[v] for v in outputs if v in self.env}
+        self.loops = loops
+        self._keep = keep or _unchanged
+        self._tick = tick or _ignored
+        self._compact = compact
+        # kernels run on a worker beside the host arithmetic (see pejit._fold._offload)
+        self.kernels = _offload.Kernels() if kernels is None else kernels
+        eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
+        self._ahead = _offload.Ahead(self.kernels, eager, self.env) if self.kernels.enabled else None
+        self._refolds = _refold.Refolds([r for seg in segments for r in seg.recipes], self.env, self.uses,
+                                        eagerly, self.kernels, _offload.spare() if self.kernels.enabled else None,
+                                        outputs=self.wanted)
+        self._position = -1  # among the eager recipes, for the kernels handed out ahead
+        self._step = -1  # in the batch, for the values computed again
+        self._trimmer = _trim.Trimmer() if self._refolds.trims else None  # what it frees goes back as it runs
 
-    def __post_init__(self):
-        if self.params_key is None:
-            object.__setattr__(self, "params_key", _primitives.params_key(self.params))
+    def hand_out(self) -> None:
+        """Before the next eager equation: hand the worker the kernels whose inputs are known now."""
+        self._position += 1
+        if self._ahead is not None:
+            self._ahead.submit(self._position)
 
-    def out_bytes(self) -> int:
-        return sum(nbytes(v.aval) for v in self.outvars if v is not None)
+    def restore(self, recipes: Sequence[Recipe]) -> None:
+        """Compute again the inputs of ``recipes`` that were dropped (see :class:`pejit._fold._refold.Refolds`)."""
+        for r in recipes:
+            self._refolds.restore(r, self.env)
 
+    def define(self, pairs) -> None:
+        """Hold each ``(Var, value)`` of ``pairs`` for its reads, and as a result where it is one."""
+        for v, x in pairs:
+            kept = self._keep(x) if v in self.wanted or v in self._compact else x
+            if v in self.wanted:
+                self.results[v] = kept
+            if self.uses[v]:
+                self.env[v] = kept if v in self._compact else x
 
-@dataclasses.dataclass(frozen=True)
-class BatchInfo:
-    """How one segment of a batch of known equations was evaluated.
+    def at_once(self, recipes: Sequence[Recipe], evaluate: Callable[[dict, list], Sequence[Any]]) -> None:
+        """Evaluate ``recipes`` together: ``evaluate(env, outputs)`` gives the values of
+        ``outputs``, those of their outputs that are read after them."""
+        self.restore(recipes)
+        produced = [v for r in recipes for v in r.outvars if v is not None]
+        inside = Counter(a for r in recipes for a in r.args if is_var(a))
+        outputs = [v for v in produced if v in self.wanted or self.uses[v] > inside[v]]
+        self.define(zip(outputs, evaluate(self.env, outputs)))
+        self.done(recipes)
 
-    ``batch`` numbers the batches of one specialization, in order.
-    """
-
-    batch: int
-    backend: str
-    equations: int
-    out_bytes: int
-    primitives: Counter
-    seconds: float = 0.0  #: evaluating the segment, compiling included
-    compile_seconds: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """Consecutive recipes of a batch that run on the same back end.
-
-    A ``"compiled"`` run has the ``key`` of its program's structure; a
-    ``"loop"`` is a :class:`~pejit._fold._compiled.Chain` of such runs.
-    """
-
-    backend: str
-    recipes: tuple
-    key: Any = dataclasses.field(default=None, compare=False)
-    chain: Any = None
-
-
-def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = "cpu",
-               outputs: Collection[Any] | None = None) -> list[Segment]:
-    """Split a batch into segments and pick a back end for each.
-
-    ``forced`` (``FoldOptions.backend``) overrides the cost model: ``"eager"``
-    runs everything op by op, ``"compiled"`` compiles the whole batch as one
-    program (unless a primitive cannot be compiled). ``"program"`` stages the
-    batch into the folding program of abstract constants it reads, its
-    concrete-only equations too (as an ``eye`` added to ``X.T @ X``): that
-    program is compiled as a whole, where evaluating them now would compile
-    each on its own.
-
-    The cost model: a run of consecutive *fusible* equations (cheap
-    elementwise arithmetic and data movement, which XLA fuses into one loop)
-    is compiled when fusing saves more than compiling costs
-    (:func:`pejit._fold._cost.run_compiles`). Fusing saves,
-    per equation, one dispatch, and the memory traffic of the intermediates
-    (written by one kernel, read back by the next) where they outgrow a
-    core's cache; it costs the copy a program makes of each NumPy array it
-    reads (a host rule's result), which also leaves memory resident (the
-    full-size WaveEquation2D, 400 MB more). Runs of the same structure (the
-    steps of an unrolled loop) share one program, and so its compilation.
-    Every other equation runs on its own, eagerly: fusing a matrix product,
-    a LAPACK call or a reduction with its neighbours saves little. A run
-    starts at each ``sin``/``cos``/``tan`` (``pejit._fold._primitives.FUSED_FIRST``):
-    XLA:CPU evaluates them slowly on an input computed in the same loop. A
-    program already compiled for the same structure costs nothing.
-
-    Given the batch's ``outputs`` (what is read after it), compiled runs
-    that each feed the next run as one loop (:mod:`pejit._fold._compiled`).
-    """
-    if forced in ("eager", "program") or len(recipes) < 2:
-        return [Segment("program" if forced == "program" else "eager", tuple(recipes))]
-    if forced == "compiled":
-        lowerable = all(_compat.has_lowering(r.prim, platform) for r in recipes)
-        return [Segment("compiled" if lowerable else "eager", tuple(recipes))]
-    cached, host = _device.current().cached_bytes, _device.host_computes()
-    runs: list[tuple[bool, list[Recipe]]] = []  # (fusible, equations): runs, and the others alone
-    kinds: dict[tuple, tuple[bool, bool]] = {}  # (primitive, body) -> (fuses, starts a run)
-    for r in recipes:
-        fuses, first = _compiled.fusion_kind(kinds, r.prim, r.params, platform)
-        if not fuses:
-            runs.append((False, [r]))
-        elif runs and runs[-1][0] and not first:
-            runs[-1][1].append(r)
-        else:
-            runs.append((True, [r]))
-    keys = [_compiled.run_key(run) if fuses and len(run) > 1 else None for fuses, run in runs]
-    # a structure by its number (the steps of an unrolled loop: one key, hashed once)
-    numbers: dict[Any, int] = {}
-    structure = [None if k is None else numbers.setdefault(k, len(numbers)) for k in keys]
-    alike = Counter(structure)
-    compiled = [_compiled.known(k) for k in numbers]
-    reads = Counter(a for r in recipes for a in r.args if _is_var(a))
-    segments: list[Segment] = []
-    on_host: set = set()  # values the batch computes as NumPy arrays, which a program copies in
-    made: dict[int, set] = {}  # by structure: the values runs of it compute
-    for (_, run), key, n in zip(runs, keys, structure):
-        if key is not None:
-            inside = Counter(a for r in run for a in r.args if _is_var(a))
-            alike_made = made.setdefault(n, set())  # compiled with this run, if it is: not on the host
-            traffic = sum(nbytes(v.aval) for r in run for v in r.outvars  # the intermediates: read in the run alone
-                          if v is not None and 0 < reads[v] == inside[v] and nbytes(v.aval) > cached)
-            copied = sum(_bytes(a) for a in _inputs(run) if _bytes(a) > cached and (
-                (a in on_host and a not in alike_made) if _is_var(a) else type(a) is np.ndarray))
-            alike_made.update(v for r in run for v in r.outvars)
-            if compiled[n] or _cost.run_compiles(len(run), traffic - copied, alike[n]):
-                segments.append(Segment("compiled", tuple(run), key))
-                continue
-        if segments and segments[-1].backend == "eager":
-            segments[-1] = Segment("eager", segments[-1].recipes + tuple(run))
-        else:
-            segments.append(Segment("eager", tuple(run)))
-        if host:
-            on_host.update(v for r in run if _host.covers_equation(r.prim, r.params) for v in r.outvars if v is not None)
-    return segments if outputs is None else _roll(segments, reads, set(outputs))
+    def done(self, recipes: Sequence[Recipe]) -> None:
+        """After ``recipes``: free what they read for the last time, drop values of constants
+        alone read far ahead (and start computing those read soon), tell the progress bar,
+        trim the heap."""
+        for r in recipes:
+            for a in r.args:
+                if is_var(a):
+                    self.uses[a] -= 1
+                    if self.uses[a] == 0:
+                        self.env.pop(a, None)
+        for r in recipes:
+            self._step += 1
+            self._refolds.release(self._step, r, self.env)
+        self._refolds.prefetch(self._step, self.env)
+        self._tick(len(recipes))
+        if self._trimmer is not None:
+            self._trimmer.tick()
 
 
-def compiled_alike(run: Sequence[Recipe], alike: int) -> bool:
-    """Whether :func:`plan_batch` would compile ``alike`` runs like ``run``, as
-    far as the run alone tells: its intermediates read in it alone, no NumPy
-    array among its inputs (what :class:`pejit._fold._compiled.LoopsAhead` asks
-    while the trace records an unrolled loop)."""
-    cached = _device.current().cached_bytes
-    traffic = sum(nbytes(v.aval) for r in run[:-1] for v in r.outvars if v is not None and nbytes(v.aval) > cached)
-    return _cost.run_compiles(len(run), traffic, alike)
+def eagerly(prim, args: Sequence[Any], params: dict) -> Any:
+    """``prim`` on known ``args`` as the eager back end evaluates it: on the host where a
+    rule gives XLA's bits (:func:`pejit._fold._host.on_host`: no compile), else by JAX
+    (:func:`pejit._fold._abstract.bind_known`)."""
+    outs = _host.on_host(prim, args, params)
+    return _abstract.bind_known(prim, args, params) if outs is None else outs
 
 
-def _roll(segments: list[Segment], reads: Counter, needed: set) -> list[Segment]:
-    """``segments`` with each chain of compiled runs (see :func:`pejit._fold._compiled.chain`) one loop."""
-    rolled: list[Segment] = []
-    alike = itertools.groupby(segments, lambda s: (0, id(s)) if s.key is None else (1, s.key))
-    for _, same in alike:
-        group = list(same)
-        runs = [s.recipes for s in group]
-        start = 0
-        while start < len(runs):
-            chain = _compiled.chain(runs, start, reads, needed)
-            if chain is None:
-                rolled.append(group[start])
-                start += 1
-            else:
-                steps = runs[start:start + chain.steps]
-                rolled.append(Segment("loop", tuple(r for run in steps for r in run), None, chain))
-                start += chain.steps
-    return rolled
+def run_eager(seg: Segment, batch: BatchRun) -> float:
+    """Equation by equation: by the kernel the worker ran (or runs now), else on
+    the host where a rule gives XLA's bits, else by JAX's dispatch."""
+    for r in seg.recipes:
+        batch.hand_out()
+        batch.restore((r,))
+        args = [batch.env[a] if is_var(a) else a for a in r.args]
+        outs = batch.kernels.take(r, args)
+        if outs is None:
+            outs = eagerly(r.prim, args, r.params)
+        del args  # nothing here holds a value past its last read
+        batch.define((v, x) for v, x in zip(r.outvars, outs if r.prim.multiple_results else [outs])
+                     if v is not None)
+        del outs
+        batch.done((r,))
+    return 0.0
 
 
-def _inputs(run: Sequence[Recipe]) -> list[Any]:
-    """The distinct array inputs of ``run`` that it does not compute itself."""
-    inside = {v for r in run for v in r.outvars}
-    seen: dict[Any, Any] = {}
-    for r in run:
-        for a in r.args:
-            if (_is_var(a) and a not in inside) or isinstance(a, (np.ndarray, jax.Array)):
-                seen.setdefault(a if _is_var(a) else id(a), a)
-    return list(seen.values())
+def run_compiled(seg: Segment, batch: BatchRun) -> float:
+    """The segment as one compiled program, cached by its structure (:func:`pejit._fold._compiled.run`)."""
+    compiling = [0.0]
+    batch.at_once(seg.recipes, lambda env, outputs: _compiled.run(seg.recipes, env, outputs, compiling))
+    return compiling[0]
 
 
-def _bytes(a) -> int:
-    return nbytes(a.aval) if _is_var(a) else a.nbytes
+def run_loop(seg: Segment, batch: BatchRun) -> float:
+    """A chain of compiled runs as one loop (:func:`pejit._fold._compiled.run_chain`), from
+    the steps the worker ran ahead, if it did."""
+    compiling = [0.0]
+    batch.at_once(seg.recipes, lambda env, outputs: _compiled.run_chain(
+        seg.recipes, env, outputs, seg.chain, compiling, batch.loops))
+    return compiling[0]
+
+
+def run_program(seg: Segment, batch: BatchRun) -> float:
+    """The segment staged as one equation into the folding program of the abstract constants it reads."""
+    batch.at_once(seg.recipes, lambda env, outputs: _stage(seg.recipes, env, outputs))
+    return 0.0
+
+
+#: The back ends, by the name :func:`pejit._fold._plan.plan_batch` gives a segment:
+#: ``run(segment, batch)`` evaluates the segment's recipes into the :class:`BatchRun`
+#: and returns the seconds it spent compiling.
+BACKENDS: dict[str, Callable[[Segment, BatchRun], float]] = {
+    "eager": run_eager,
+    "compiled": run_compiled,
+    "loop": run_loop,
+    "program": run_program,
+}
 
 
 def run_batch(
@@ -238,99 +184,35 @@ def run_batch(
     compact: Collection[Any] = (), kernels: _offload.Kernels | None = None,
     loops: _compiled.LoopsAhead | None = None,
 ) -> list[Any]:
-    """Evaluate the planned batch and return the values of ``outputs``.
+    """Run the planned batch (``segments``) and return the values of ``outputs``.
 
-    ``env`` maps the ``Var`` of already materialized values to them.
-    Intermediates are dropped after their last use, so a long chain keeps a
-    few arrays alive, not all of them. An output is handed to ``keep`` as
-    soon as it is produced, and what ``keep`` returns is what the batch
-    holds on to (see :class:`pejit._fold._values.Compactor`); the value itself
-    stays only until its last use in the batch. The values of ``compact``
-    are handed to ``keep`` too, and their later uses read what it returns.
-    ``tick(n)`` is told of every ``n`` equations evaluated (a progress
-    bar). ``timings`` gets each segment's ``(seconds, of which compiling)``.
+    ``env`` maps the ``Var`` of values computed before to them; ``keep`` and
+    ``compact`` are as for :class:`BatchRun`. Intermediates are dropped after
+    their last read, so a long chain keeps a few arrays alive, not all of them.
+    ``tick(n)`` is told of every ``n`` equations evaluated (a progress bar).
+    ``timings`` gets each segment's ``(seconds, of which compiling)``.
     ``kernels`` holds those of the fold handed out before the batch (see
     :mod:`pejit._fold._offload`); ``loops``, the chains the worker ran
     ahead (see :class:`pejit._fold._compiled.LoopsAhead`).
     """
-    env = dict(env)
-    uses = Counter(a for seg in segments for r in seg.recipes for a in r.args if _is_var(a))
-    wanted = set(outputs)
-    results = {v: env[v] for v in outputs if v in env}
-    keep = keep or (lambda x: x)
-    tick = tick or (lambda n: None)
-
-    def define(pairs):
-        for v, x in pairs:
-            kept = keep(x) if v in wanted or v in compact else x
-            if v in wanted:
-                results[v] = kept
-            if uses[v]:
-                env[v] = kept if v in compact else x
-
-    # kernels run on a worker beside the host arithmetic (see pejit._fold._offload)
-    if kernels is None:
-        kernels = _offload.Kernels()
-    eager = [r for seg in segments if seg.backend == "eager" for r in seg.recipes]
-    ahead = _offload.Ahead(kernels, eager, env) if kernels.enabled else None
-    refolds = _refold.Refolds([r for seg in segments for r in seg.recipes], env, uses, kernels,
-                              _offload.spare() if kernels.enabled else None, outputs=wanted)
-    position = -1  # in eager, for the kernels handed out ahead
-    step = -1  # in the batch, for the values computed again
-    trimmer = _trim.Trimmer() if refolds.trims else None  # what it frees goes back as it runs
+    batch = BatchRun(segments, env, outputs, keep, tick, compact, kernels, loops)
+    del env  # values handed over (see pejit._fold._store) are held by the batch alone, each to its last read
     with _compat.evaluating():
         for seg in segments:
-            start, compiling = time.perf_counter(), [0.0]
-            whole = {"compiled": functools.partial(_compiled.run, compiling=compiling), "program": _stage,
-                     "loop": functools.partial(_compiled.run_chain, chain=seg.chain, compiling=compiling,
-                                               ahead=loops)}.get(seg.backend)
-            if whole is not None:  # the segment at once: compiled (a loop too), or staged as one equation
-                for r in seg.recipes:
-                    refolds.restore(r, env)
-                produced = [v for r in seg.recipes for v in r.outvars if v is not None]
-                inside = Counter(a for r in seg.recipes for a in r.args if _is_var(a))
-                out = [v for v in produced if v in wanted or uses[v] > inside[v]]
-                define(zip(out, whole(seg.recipes, env, out)))
-                _release(env, uses, [a for r in seg.recipes for a in r.args])
-                for r in seg.recipes:
-                    step += 1
-                    refolds.release(step, r, env)
-                refolds.prefetch(step, env)
-                tick(len(seg.recipes))
-                if trimmer is not None:
-                    trimmer.tick()
-            else:
-                for r in seg.recipes:
-                    position += 1
-                    step += 1
-                    if ahead is not None:
-                        ahead.submit(position)
-                    refolds.restore(r, env)
-                    args = [env[a] if _is_var(a) else a for a in r.args]
-                    outs = kernels.take(r, args)
-                    if outs is None:
-                        outs = _refold.evaluate(r, args)
-                    del args
-                    define(_defined(r.outvars, outs if r.prim.multiple_results else [outs]))
-                    del outs
-                    _release(env, uses, r.args)
-                    refolds.release(step, r, env)
-                    refolds.prefetch(step, env)
-                    tick(1)
-                    if trimmer is not None:
-                        trimmer.tick()
+            start = time.perf_counter()
+            compiling = BACKENDS[seg.backend](seg, batch)
             if timings is not None:
-                timings.append((time.perf_counter() - start, compiling[0]))
-    return [results[v] for v in outputs]
+                timings.append((time.perf_counter() - start, compiling))
+    return [batch.results[v] for v in outputs]
 
 
 @_host.remembering()
-def evaluate_jaxpr(
+def run_jaxpr(
     closed_jaxpr, args: Sequence[Any], backend: str = "auto", keep: Callable[[Any], Any] | None = None,
     tick: Callable[[int], None] | None = None, segments: list[BatchInfo] | None = None,
     kernels: _offload.Kernels | None = None,
 ) -> list[Any]:
-    """Evaluate ``closed_jaxpr`` on ``args`` as one batch (see :func:`run_batch`).
+    """``closed_jaxpr`` on ``args``, run as one batch (see :func:`run_batch`).
 
     The folding program's first value goes this way: each equation is a
     recipe, so the back end is chosen per segment by the cost model (or by
@@ -342,7 +224,7 @@ def evaluate_jaxpr(
     ``kernels``, those handed out before (see :mod:`pejit._fold._offload`).
     """
     jaxpr = closed_jaxpr.jaxpr
-    keep = keep or (lambda x: x)
+    keep = keep or _unchanged
     if any(type(e.primitive).get_bind_params is not Primitive.get_bind_params for e in jaxpr.eqns):
         # a call whose bind takes Python functions rebuilt from its params
         # (custom_jvp/custom_vjp calls folded whole): JAX's interpreter knows how
@@ -354,11 +236,11 @@ def evaluate_jaxpr(
     env = dict(zip(jaxpr.constvars, closed_jaxpr.consts))
     env.update(zip(jaxpr.invars, args))
     recipes = flat_recipes(jaxpr.eqns)
-    outputs = [v for v in jaxpr.outvars if _is_var(v)]
+    outputs = [v for v in jaxpr.outvars if is_var(v)]
     # what the trace's batches kept, held as the folding trace holds it
     # (uniform values as broadcasts, equal ones once): the program's later
     # equations (an affine collapse's matrices) read them
-    kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars} if keep is not None else ()
+    kept = {v for e in jaxpr.eqns if e.primitive is batch_p for v in e.outvars}
     plan = plan_batch(recipes, backend, jax.default_backend(), outputs)
     timings: list[tuple[float, float]] = []
     values = iter(run_batch(plan, env, outputs, keep, tick, timings, compact=kept, kernels=kernels))
@@ -366,7 +248,7 @@ def evaluate_jaxpr(
         segments.extend(BatchInfo(0, seg.backend, len(seg.recipes), sum(r.out_bytes() for r in seg.recipes),
                                   Counter(r.prim.name for r in seg.recipes), seconds, compiling)
                         for seg, (seconds, compiling) in zip(plan, timings))
-    return [next(values) if _is_var(v) else v.val for v in jaxpr.outvars]
+    return [next(values) if is_var(v) else v.val for v in jaxpr.outvars]
 
 
 def flat_eqns(eqns: Sequence[Any]) -> list[Any]:
@@ -382,8 +264,8 @@ def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
     batch is in two bodies).
     """
     def recipe(e, rename):
-        args = (rename.get(a, a) if _is_var(a) else a for a in e.invars)
-        return Recipe(e.primitive, tuple(a if _is_var(a) else a.val for a in args), e.params,
+        args = (rename.get(a, a) if is_var(a) else a for a in e.invars)
+        return Recipe(e.primitive, tuple(a if is_var(a) else a.val for a in args), e.params,
                       tuple(None if isinstance(v, _compat.drop_var) else rename.get(v, v) for v in e.outvars))
 
     out = []
@@ -402,10 +284,10 @@ def flat_recipes(eqns: Sequence[Any]) -> list[Recipe]:
 
 def _call_primitive(name: str, backend: str) -> Primitive:
     """A primitive that calls the closed jaxpr in its ``jaxpr`` parameter:
-    evaluated by :func:`evaluate_jaxpr` with ``backend``, compiled as its body."""
+    evaluated by :func:`run_jaxpr` with ``backend``, compiled as its body."""
     prim = Primitive(name)
     prim.multiple_results = True
-    prim.def_impl(lambda *args, jaxpr: evaluate_jaxpr(jaxpr, args, backend))
+    prim.def_impl(lambda *args, jaxpr: run_jaxpr(jaxpr, args, backend))
     prim.def_abstract_eval(lambda *avals, jaxpr: jaxpr.out_avals)
     inline = lambda *args, jaxpr: jaxpr_as_fun(jaxpr)(*args)  # noqa: E731
     _compat.lower_as(prim, inline)
@@ -423,7 +305,6 @@ known_part_p = _call_primitive("known_part", "eager")
 #: evaluating the program evaluates its equations as the batch's own
 #: (:func:`flat_recipes`), compiling it compiles its body.
 batch_p = _call_primitive("folded_batch", "auto")
-_cost.register_cost_rule(known_part_p, batch_p)(_cost.call_cost)
 
 
 def _stage(recipes, env, outputs) -> list[Any]:
@@ -442,12 +323,12 @@ def _stage(recipes, env, outputs) -> list[Any]:
     invars: dict[Any, Any] = {}  # Var, or id of a value, -> the body's input
 
     def atom(a):
-        if _is_var(a) and a in local:
+        if is_var(a) and a in local:
             return a
-        value = env[a] if _is_var(a) else a
-        if not _is_var(a) and np.ndim(value) == 0 and not isinstance(value, (jax.Array, _compat.Tracer)):
+        value = env[a] if is_var(a) else a
+        if not is_var(a) and np.ndim(value) == 0 and not isinstance(value, (jax.Array, _compat.Tracer)):
             return _compat.literal(value, _compat.typeof(value))
-        key = a if _is_var(a) else id(value)
+        key = a if is_var(a) else id(value)
         if key not in invars:
             invars[key] = _compat.new_var(_compat.typeof(value))
             inputs.append(_host.to_jax(value))
@@ -468,35 +349,19 @@ def _stage(recipes, env, outputs) -> list[Any]:
     debug = _compat.unnamed_debug_info("folded_batch", len(invars), len(outputs))
     body = _compat.ClosedJaxpr(_compat.Jaxpr([], list(invars.values()), list(outputs), eqns, debug_info=debug), [])
     outer = _abstract.outer_trace(inputs)
-    return _abstract.evaluate(batch_p, inputs, {"jaxpr": body}, outer)
+    return _abstract.bind_known(batch_p, inputs, {"jaxpr": body}, outer)
 
-
-def reads_abstract(recipes: Sequence[Recipe], env: dict) -> bool:
-    """Whether the batch reads abstract constants (see :mod:`pejit._fold._abstract`).
-
-    Then the batch is staged into the outer program, which is compiled as a
-    whole (the ``"program"`` back end of :func:`plan_batch`).
-    """
-    return _abstract.any_abstract(env.get(a) if _is_var(a) else a for r in recipes for a in r.args)
-
-
-def _release(env, uses, args):
-    for a in args:
-        if _is_var(a):
-            uses[a] -= 1
-            if uses[a] == 0:
-                env.pop(a, None)
 
 
 def clear_programs() -> None:
-    """Forget the compiled batch programs and kernels (``cache_clear()`` calls this)."""
-    _offload.clear_programs()
-    _compiled.clear_programs()
+    """Forget the compiled batch programs and the kernels lowered for the worker (``cache_clear()`` calls this)."""
+    _compiled.programs.clear()
+    _offload.lowered_kernels.clear()
 
 
-def _defined(outvars, values):
-    return [(v, x) for v, x in zip(outvars, values) if v is not None]
+def _unchanged(x):
+    return x
 
 
-def _is_var(a) -> bool:
-    return isinstance(a, _compat.Var)
+def _ignored(n: int) -> None:
+    pass

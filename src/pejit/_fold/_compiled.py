@@ -1,6 +1,6 @@
 """The compiled back end of a batch: runs of equations as ``jax.jit`` programs.
 
-Part of the folding back end (see :func:`pejit._fold._batch.plan_batch`,
+Part of the folding back end (see :func:`pejit._fold._plan.plan_batch`,
 which picks the runs). A run compiles to one program, cached by its
 structure (its primitives, parameters, how each equation reads the others,
 literals, and input types), so specializing the same function again, and
@@ -33,20 +33,17 @@ import jax
 import numpy as np
 
 from .. import _compat
-from ._primitives import called_jaxpr, fused_first, fusible
+from ._primitives import called_jaxpr, fused_first, fusible, is_var
 
 #: Chains of fewer steps run step by step: rolling saves a few dispatches,
 #: and costs a compilation the steps' shared program may not need.
 MIN_STEPS = 4
 
 #: Compiled programs by structure, so specializing the same function again
-#: (new constant values of the same shapes) recompiles nothing.
-_programs: dict[Any, Any] = {}
+#: (new constant values of the same shapes) recompiles nothing
+#: (``pejit._fold._batch.clear_programs`` empties it).
+programs: dict[Any, Any] = {}
 _MAX_PROGRAMS = 64
-
-
-def _is_var(a) -> bool:
-    return isinstance(a, _compat.Var)
 
 
 def run(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], compiling: list[float] | None = None) -> list:
@@ -59,7 +56,7 @@ def run(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], compiling: li
 def _program(key, function, args: Sequence[Any], compiling: list[float] | None):
     """``function`` compiled for ``args`` (cached by ``key``), called on them."""
     try:
-        program = _programs.get(key)
+        program = programs.get(key)
     except TypeError:  # unhashable parameters: compile without caching
         key, program = None, None
     if program is None:
@@ -68,15 +65,15 @@ def _program(key, function, args: Sequence[Any], compiling: list[float] | None):
         if compiling is not None:
             compiling[0] += time.perf_counter() - start
         if key is not None:
-            if len(_programs) >= _MAX_PROGRAMS:
-                _programs.pop(next(iter(_programs)))
-            _programs[key] = program
+            if len(programs) >= _MAX_PROGRAMS:
+                programs.pop(next(iter(programs)))
+            programs[key] = program
     return program(*args)
 
 
 def fusion_kind(kinds: dict, prim, params, platform: str = "cpu") -> tuple[bool, bool]:
     """Whether an equation of ``prim`` joins a fused run, and whether it starts
-    one (as :func:`pejit._fold._batch.plan_batch` cuts runs), memoized in
+    one (as :func:`pejit._fold._plan.plan_batch` cuts runs), memoized in
     ``kinds`` by primitive and body."""
     kind = (prim, id(called_jaxpr(prim, params)))  # the recipes hold the bodies
     return kinds.get(kind) or kinds.setdefault(kind, (
@@ -85,7 +82,7 @@ def fusion_kind(kinds: dict, prim, params, platform: str = "cpu") -> tuple[bool,
 
 def known(key) -> bool:
     """Whether a program for a run of this structure (see :func:`run_key`) is compiled."""
-    return key in _programs
+    return key in programs
 
 
 def run_key(recipes) -> Any:
@@ -119,7 +116,7 @@ def _structure(recipes, env, outputs, fixed: dict | None = None):
     fixed = fixed or {}
 
     def ref(a):
-        if _is_var(a):
+        if is_var(a):
             if a in local:
                 return ("eqn", local[a])
             key, value = a, env[a]
@@ -193,16 +190,16 @@ def _link(prev: Sequence[Any], run: Sequence[Any]) -> dict[tuple[int, int], int]
     carry = {}
     for i, (p, r) in enumerate(zip(prev, run)):
         for a, (x, y) in enumerate(zip(p.args, r.args)):
-            if _is_var(y) and y in before:
+            if is_var(y) and y in before:
                 carry[(i, a)] = before[y]
-            elif not (y is x or (_is_var(y) and y in own) or _same_literal(x, y)):
+            elif not (y is x or (is_var(y) and y in own) or _same_literal(x, y)):
                 return None
     return carry
 
 
 def _same_literal(x, y) -> bool:
     """Equal scalars of one type (the runs' shared structure already compares literals)."""
-    return not isinstance(x, (np.ndarray, jax.Array)) and not _is_var(x) and type(x) is type(y) and x == y
+    return not isinstance(x, (np.ndarray, jax.Array)) and not is_var(x) and type(x) is type(y) and x == y
 
 
 def chain(runs: Sequence[Sequence[Any]], start: int, reads: Counter, needed: Collection[Any]) -> Chain | None:
@@ -232,7 +229,7 @@ def _starts(first: Sequence[Any], carry: dict) -> bool:
         x, out = first[i].args[a], outs[q]
         if init.setdefault(q, x) is not x and not _same_literal(init[q], x):
             return False
-        aval = x.aval if _is_var(x) else _compat.typeof(x)
+        aval = x.aval if is_var(x) else _compat.typeof(x)
         if (aval.shape, aval.dtype) != (out.aval.shape, out.aval.dtype) or out.aval.weak_type:
             return False  # a carry keeps its type (and starts strongly typed)
     return True
@@ -241,7 +238,7 @@ def _starts(first: Sequence[Any], carry: dict) -> bool:
 def _only_carried(run: Sequence[Any], carry: dict, reads: Counter, needed: Collection[Any]) -> bool:
     """Whether the next step, through the carry, is the only reader of ``run``'s values outside it."""
     outs = _outputs(run)
-    inside = Counter(a for r in run for a in r.args if _is_var(a))
+    inside = Counter(a for r in run for a in r.args if is_var(a))
     carried = Counter(outs[q] for q in carry.values())
     return all(v is None or (v not in needed and reads[v] == inside[v] + carried[v]) for v in outs)
 
@@ -261,7 +258,7 @@ def run_chain(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], chain: 
     # the first step reads the carry's first value where later steps read the step before;
     # an output only asked of the last step starts as zeros
     start = {q: first[i].args[a] for (i, a), q in carry.items()}
-    init = [jax.numpy.asarray(env[start[q]] if _is_var(start[q]) else start[q], first_outs[q].aval.dtype)
+    init = [jax.numpy.asarray(env[start[q]] if is_var(start[q]) else start[q], first_outs[q].aval.dtype)
             if q in start else np.zeros(first_outs[q].aval.shape, first_outs[q].aval.dtype) for q in kept]
     key = ("loop", structure_key, tuple(kept), tuple(map(_type, init)))
     steps, carry = (0, None) if ahead is None else ahead.take(key, recipes[:chain.steps * n], n, inputs)
@@ -295,7 +292,7 @@ class LoopsAhead:
     the chain then finds it compiled, where it would otherwise compile it
     first (35-60 ms of the 0.35 s fold of ``K = 1000`` steps of
     ``sin(c) * 1.001 + 0.5`` on a 256x256 constant). The trace cuts runs
-    as :func:`pejit._fold._batch.plan_batch` does and asks its cost model,
+    as :func:`pejit._fold._plan.plan_batch` does and asks its cost model,
     and guesses the rest (that nothing but the carry is read outside the
     steps): a wrong guess costs the worker a compilation (and the steps it
     ran ahead, below), nothing else.
@@ -304,7 +301,7 @@ class LoopsAhead:
     what it returns with the program's arguments (as one sequence) runs it
     (:func:`pejit._fold._offload.compiled_ahead`); ``pays(run, steps)`` says
     whether the batch would compile that many runs like ``run``
-    (:func:`pejit._fold._batch.compiled_alike`): the compilation starts at
+    (:func:`pejit._fold._plan.compiled_alike`): the compilation starts at
     the step where it would.
 
     Where the chain starts from concrete values and reads nothing else the
@@ -395,7 +392,7 @@ class LoopsAhead:
         """Hand the worker the steps recorded since the last it was handed."""
         ran = self._ran
         steps = len(self._steps_run) - ran.steps
-        program = _programs.get(ran.key)
+        program = programs.get(ran.key)
         if program is None:
             self._ran = None
             return
@@ -414,24 +411,24 @@ class LoopsAhead:
         slot = {q: s for s, q in enumerate(kept)}
         # the key run_chain will look for: the first step's carried inputs as the loop's first carry
         starts = {q: first[i].args[a] for (i, a), q in carry.items()}
-        init = [jax.ShapeDtypeStruct(starts[q].aval.shape if _is_var(starts[q]) else np.shape(starts[q]),
+        init = [jax.ShapeDtypeStruct(starts[q].aval.shape if is_var(starts[q]) else np.shape(starts[q]),
                                      outs[q].aval.dtype) for q in kept]
         try:
             structure_key, structure, _, inputs = _structure(
                 first, _AnyEnv(), (), {at: ("carry", slot[q]) for at, q in carry.items()})
             key = ("loop", structure_key, tuple(kept), tuple(map(_type, init)))
-            if key not in self._started and key not in _programs:
+            if key not in self._started and key not in programs:
                 self._started.add(key)
                 steps = jax.ShapeDtypeStruct((), np.int32)
                 kernel = self._ahead(jax.jit(_loop(structure, kept)).lower(steps, init, inputs))
-                if len(_programs) >= _MAX_PROGRAMS:
-                    _programs.pop(next(iter(_programs)))
-                _programs[key] = lambda *args: kernel(args)
+                if len(programs) >= _MAX_PROGRAMS:
+                    programs.pop(next(iter(programs)))
+                programs[key] = lambda *args: kernel(args)
         except Exception:  # noqa: BLE001 - not a program after all: the batch decides
             return
-        concrete = not any(_is_var(starts[q]) for q in kept) and not any(
+        concrete = not any(is_var(starts[q]) for q in kept) and not any(
             isinstance(x, jax.ShapeDtypeStruct) for x in inputs)  # else read values the trace has yet to compute
-        if self._submit is not None and concrete and key in _programs:
+        if self._submit is not None and concrete and key in programs:
             done = concurrent.futures.Future()
             done.set_result([jax.numpy.asarray(starts[q], outs[q].aval.dtype) for q in kept])
             self._ran = _RanAhead(key, self._steps_run, inputs, 0, done)
@@ -456,6 +453,6 @@ def _loop(structure, kept):
     return program
 
 
-def clear_programs() -> None:
-    """Forget the compiled programs (``pejit._fold._batch.clear_programs`` calls this)."""
-    _programs.clear()
+def clearprograms() -> None:
+    """Forget the compiled programs (``pejit._fold._batch.clearprograms`` calls this)."""
+    programs.clear()

@@ -2,7 +2,7 @@
 
 pejit changes a program only where that makes it cheaper, and every such
 decision is a function here, weighing one measure: :class:`Cost`, per
-equation, from a rule per primitive (:func:`register_cost_rule`). A cost is
+equation, from a rule per primitive (:data:`cost_rules`). A cost is
 what an equation does per call (FLOPs, bytes it reads from memory, kernels it
 launches on their own, library calls among them); the profile of the device
 the program runs on (:mod:`pejit._fold._device`) turns it into seconds.
@@ -41,11 +41,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from jax.extend.core import Literal
-from jax.extend.core import primitives as P
 
-from .. import _compat
 from . import _device
-from ._primitives import ELEMENTWISE, FUSES_OPERANDS, called_jaxpr
+from ._primitives import FUSES_OPERANDS, called_jaxpr
 from ._values import nbytes
 
 
@@ -89,18 +87,9 @@ ZERO = Cost()
 
 #: ``rule(eqn) -> Cost``: the FLOPs and kernels of one equation (the walk adds the bytes it reads).
 CostRule = Callable[[Any], Cost]
+#: A primitive's cost rule, registered with its other facets
+#: (:func:`pejit._residual.rules.registry.register_primitive`); the rules below are the built-in ones.
 cost_rules: dict[Any, CostRule] = {}
-
-
-def register_cost_rule(*prims) -> Callable[[CostRule], CostRule]:
-    """Register ``rule`` as the cost of each primitive in ``prims`` (one rule a primitive)."""
-
-    def register(rule: CostRule) -> CostRule:
-        for prim in prims:
-            cost_rules[prim] = rule
-        return rule
-
-    return register
 
 
 class Typed(NamedTuple):
@@ -210,94 +199,76 @@ def _library(flops: float) -> Cost:
     return Cost(flops=flops, kernels=1.0, library=1.0)
 
 
-@register_cost_rule(*ELEMENTWISE)
-def _elementwise(eqn) -> Cost:
+def elementwise(eqn) -> Cost:
     return Cost(flops=sum(_size(v) for v in eqn.outvars))
 
 
-@register_cost_rule(
-    P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p, P.argmax_p, P.argmin_p,
-    P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p, P.cumlogsumexp_p,
-)
-def _reduction(eqn) -> Cost:
+def reduction(eqn) -> Cost:
     return Cost(flops=_size(eqn.invars[0]))
 
 
-@register_cost_rule(P.dot_general_p)
-def _dot_general(eqn) -> Cost:
+def dot_general(eqn) -> Cost:
     (contract, _), _ = eqn.params["dimension_numbers"]
     lhs_shape = eqn.invars[0].aval.shape
     k = math.prod(lhs_shape[d] for d in contract)
     return Cost(flops=2 * _size(eqn.outvars[0]) * k, kernels=1.0)
 
 
-@register_cost_rule(P.cholesky_p)
-def _cholesky(eqn) -> Cost:
+def cholesky(eqn) -> Cost:
     b, n, _ = _matrix(eqn.invars[0])
     return _library(b * n**3 / 3)
 
 
-@register_cost_rule(P.lu_p)
-def _lu(eqn) -> Cost:
+def lu(eqn) -> Cost:
     b, m, n = _matrix(eqn.invars[0])
     k = min(m, n)
     return _library(b * (m * n * k - (m + n) * k**2 / 2 + k**3 / 3) * 2)
 
 
-@register_cost_rule(P.triangular_solve_p)
-def _triangular_solve(eqn) -> Cost:
+def triangular_solve(eqn) -> Cost:
     _, n, _ = _matrix(eqn.invars[0])
     return _library(n * _size(eqn.invars[1]))  # n^2 per right-hand side
 
 
-@register_cost_rule(P.qr_p, P.householder_product_p)
-def _qr(eqn) -> Cost:
+def qr(eqn) -> Cost:
     b, m, n = _matrix(eqn.invars[0])
     return _library(b * 2 * n * n * (m - n / 3))
 
 
-@register_cost_rule(P.eigh_p, P.eig_p, P.svd_p, P.schur_p)
-def _eigen(eqn) -> Cost:
+def eigen(eqn) -> Cost:
     b, m, n = _matrix(eqn.invars[0])
     return _library(b * 9 * max(m, n) * min(m, n) ** 2)  # Golub & Van Loan orders of magnitude
 
 
-@register_cost_rule(P.fft_p)
-def _fft(eqn) -> Cost:
+def fft(eqn) -> Cost:
     n = math.prod(eqn.params["fft_lengths"])
     return _library(5 * _size(eqn.invars[0]) * math.log2(max(n, 2)))
 
 
-@register_cost_rule(_compat.jit_p, P.closed_call_p, _compat.remat_p)
-def call_cost(eqn) -> Cost:
+def call(eqn) -> Cost:
     """A call's cost: its body's (pejit's own call primitives register it too)."""
     sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
     return jaxpr_cost(sub)
 
 
-@register_cost_rule(P.custom_jvp_call_p, P.custom_vjp_call_p)
-def _custom(eqn) -> Cost:
+def custom_call(eqn) -> Cost:
     return jaxpr_cost(eqn.params["call_jaxpr"])
 
 
-@register_cost_rule(P.cond_p)
-def _cond(eqn) -> Cost:
+def cond(eqn) -> Cost:
     return max((jaxpr_cost(b) for b in eqn.params["branches"]), key=seconds_of, default=ZERO)
 
 
-@register_cost_rule(P.scan_p)
-def _scan(eqn) -> Cost:
+def scan(eqn) -> Cost:
     return jaxpr_cost(eqn.params["jaxpr"]) * eqn.params["length"]
 
 
-@register_cost_rule(P.while_p)
-def _while(eqn) -> Cost:
+def while_loop(eqn) -> Cost:
     # The trip count is unknown here: one trip (a lower bound).
     return jaxpr_cost(eqn.params["cond_jaxpr"]) + jaxpr_cost(eqn.params["body_jaxpr"])
 
 
-@register_cost_rule(P.linear_solve_p)
-def _linear_solve(eqn) -> Cost:
+def linear_solve(eqn) -> Cost:
     return jaxpr_cost(eqn.params["jaxprs"].solve)
 
 
@@ -456,6 +427,5 @@ __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
     "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays",
-    "program_cost", "promotion_pays", "reassociation_pays", "register_cost_rule", "run_compiles", "share_pays",
-    "stays_lazy",
+    "program_cost", "promotion_pays", "reassociation_pays", "run_compiles", "share_pays", "stays_lazy",
 ]

@@ -13,7 +13,7 @@ another, and each reads them here rather than asking which platform it is on:
   to ``host_build_flops``: on an accelerator its constants cross to the host
   and the (small) matrices back, which a region worth collapsing repays;
 * how much a compiled batch saves over op-by-op evaluation (``bandwidth``,
-  ``cached_bytes``: :func:`pejit._fold._batch.plan_batch`).
+  ``cached_bytes``: :func:`pejit._fold._plan.plan_batch`).
 
 The host computes folded values only on one CPU device: with several (as
 ``--xla_force_host_platform_device_count`` makes them), an eager result keeps

@@ -1,15 +1,17 @@
-"""The fold-rule protocol (``FoldRule``) and its registry (``register_fold_rule``).
+"""The fold-rule table the folding interpreter reads (``fold_rules``), and the ``FoldRule`` protocol.
 
 A fold rule decides, for the primitives it is registered for, what the
 folding trace does with an application: the :class:`~pejit._fold._folding.Folder`
-looks the primitive up in :data:`fold_rules` before its default (fold when
-every input is known, else stage). The built-in rules are in
-:mod:`pejit._residual.rules`; users register their own with :func:`register_fold_rule`.
+looks the primitive up in :data:`fold_rules` before its default rule (fold
+when every input is known, else stage). The tables are plain data, filled
+from above: the built-in rules, and a user's, are registered by
+:func:`pejit._residual.rules.registry.register_primitive` (and
+``pejit.register_fold_rule``), beside the rules themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from jax.extend.core import Primitive
@@ -34,63 +36,17 @@ class FoldRule(Protocol):
     ) -> Any: ...
 
 
+#: A primitive's fold rule (one a primitive).
 fold_rules: dict[Primitive, FoldRule] = {}
-
 
 #: Primitives whose rule takes deferred known values as they come (tracers);
 #: every other rule sees them materialized, as concrete values.
 deferred_ok: set[Primitive] = set()
 
-
-def register_fold_rule(*prims: Primitive, deferred: bool = False) -> Callable[[FoldRule], FoldRule]:
-    """Register a fold rule (a `FoldRule`) for each primitive in ``prims``.
-
-    The folding trace calls the rule for every application of those
-    primitives; the rule returns the outputs, or ``NotImplemented`` to leave
-    the equation to the default policy (fold it if all inputs are known,
-    else stage it). Inside ``with trace.as_current():`` the rule's JAX code
-    goes through the folding trace: what depends only on known values is
-    folded, the rest is staged into the residual program. ``folder`` answers
-    `Folder.is_known`, counts in ``folder.stats`` and reads
-    ``folder.options``.
-
-    Known values whose folding is deferred (see `Folder`) are
-    materialized before the rule runs, unless ``deferred`` says the rule
-    handles them itself, through `Folder.is_known`. A primitive has
-    one rule: registering again replaces it.
-
-    Examples:
-      A primitive of your own, ``solve(A, b)``, has no lowering; with ``A``
-      constant, its rule folds the inverse and leaves one product:
-
-      >>> import jax, jax.numpy as jnp
-      >>> from jax.extend.core import Primitive
-      >>> from pejit import pejit, register_fold_rule
-      >>> solve_p = Primitive("doc_solve")
-      >>> _ = solve_p.def_impl(jnp.linalg.solve)
-      >>> _ = solve_p.def_abstract_eval(lambda A, b: jax.core.ShapedArray(b.shape, b.dtype))
-      >>> @register_fold_rule(solve_p)
-      ... def fold_solve(folder, trace, prim, args, params):
-      ...     A, b = args
-      ...     if not folder.is_known(A) or folder.is_known(b):
-      ...         return NotImplemented
-      ...     with trace.as_current():
-      ...         return jnp.linalg.inv(A) @ b
-      >>> f = pejit(solve_p.bind, constant_argnums=0)
-      >>> f(2 * jnp.eye(2), jnp.ones(2))
-      Array([0.5, 0.5], dtype=float32)
-      >>> dict(f.report(2 * jnp.eye(2), jnp.ones(2)).residual)
-      {'dot_general': 1}
-    """
-
-    def register(rule: FoldRule) -> FoldRule:
-        for prim in prims:
-            fold_rules[prim] = rule
-            if deferred:
-                deferred_ok.add(prim)
-        return rule
-
-    return register
+#: Primitives whose rule leaves an equation whose inputs are all known (and not
+#: lazy) to the default rule: such equations may be folded with a call's known
+#: part (``pejit._residual.rules.calls.known_part``).
+known_by_default: set[Primitive] = set()
 
 
-__all__ = ["FoldRule", "deferred_ok", "fold_rules", "register_fold_rule"]
+__all__ = ["FoldRule", "deferred_ok", "fold_rules", "known_by_default"]

@@ -24,10 +24,11 @@ other contractions or reductions, whose XLA kernels round differently.
 (XLA on a CPU flushes subnormal floats to zero; an operation that produces
 one is the only difference left.)
 
-:func:`evaluate` returns ``None`` whenever a rule does not apply (another
+:func:`on_host` returns ``None`` whenever a rule does not apply (another
 backend, several devices, an unsupported dtype), and the caller binds the
-primitive as before. The table is keyed by primitive, one rule each, as the
-fold rules are.
+primitive as before. The table (:data:`HOST_RULES`) is keyed by primitive,
+one rule each, as the fold rules are, and filled where they are registered
+(:mod:`pejit._residual.rules.builtins`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import primitives as P
 
 from .. import _compat
 from . import _device
@@ -53,10 +53,14 @@ from ._values import byte_view
 FLOATS = frozenset(map(np.dtype, ["float32", "float64"]))
 DTYPES = FLOATS | frozenset(map(np.dtype, ["bool", "int8", "int16", "int32", "int64", "uint8", "uint32"]))
 
+#: A primitive's host rule, ``rule(*arrays, **params)``: its result by NumPy, or
+#: None where the rule declines these inputs. Registered with the primitive's
+#: other facets (:func:`pejit._residual.rules.registry.register_primitive`); the
+#: rules below are the built-in ones.
 HOST_RULES: dict[Any, Callable[..., Any]] = {}
 
 
-def _elementwise(ufunc: Callable, floats_only: bool = False) -> Callable:
+def elementwise(ufunc: Callable) -> Callable:
     """The rule of an elementwise primitive, where its parameters are trivial
     (``mul``'s ``out_dtype``, an ``accuracy``: None)."""
 
@@ -73,7 +77,6 @@ def _elementwise(ufunc: Callable, floats_only: bool = False) -> Callable:
             return np.broadcast_to(ufunc(*(x if x.ndim == 0 else x[one] for x in xs)), shape)
         return ufunc(*xs)
 
-    rule.floats_only = floats_only
     return rule
 
 
@@ -152,7 +155,7 @@ def _remembered(check: Callable[[np.ndarray], Any]) -> Callable[[np.ndarray], An
     return remembered
 
 
-def _sum(ufunc: Callable) -> Callable:
+def add_or_sub(ufunc: Callable) -> Callable:
     """The rule of ``add`` (``ufunc`` add) or ``sub`` (subtract): where a term
     (the subtrahend) holds only zeros, the other, not computed again.
 
@@ -165,7 +168,7 @@ def _sum(ufunc: Callable) -> Callable:
     zeros is ``+0.0`` broadcast. (``x`` itself keeps a signaling NaN that
     the sum would make quiet.)
     """
-    elementwise = _elementwise(ufunc)
+    plain = elementwise(ufunc)
     subtract = ufunc is np.subtract
 
     def rule(a, b, **params):
@@ -179,7 +182,7 @@ def _sum(ufunc: Callable) -> Callable:
                 return x
             if added is False and only_zeros(x, x.size):
                 return np.broadcast_to(dtype.type(0), shape)
-        return elementwise(a, b, **params)
+        return plain(a, b, **params)
 
     return rule
 
@@ -195,17 +198,7 @@ def _no_negative_zero(x: np.ndarray) -> bool:
     return int(ints.min()) != np.iinfo(ints.dtype).min
 
 
-HOST_RULES.update({P.add_p: _sum(np.add), P.add_jaxvals_p: _sum(np.add), P.sub_p: _sum(np.subtract)})
-for prim, ufunc in ((P.mul_p, np.multiply), (P.max_p, np.maximum),
-                    (P.min_p, np.minimum), (P.neg_p, np.negative), (P.abs_p, np.abs)):
-    HOST_RULES[prim] = _elementwise(ufunc)
-for prim, ufunc in ((P.eq_p, np.equal), (P.ne_p, np.not_equal), (P.lt_p, np.less), (P.le_p, np.less_equal),
-                    (P.gt_p, np.greater), (P.ge_p, np.greater_equal), (P.and_p, np.bitwise_and),
-                    (P.or_p, np.bitwise_or), (P.xor_p, np.bitwise_xor), (P.not_p, np.invert)):
-    HOST_RULES[prim] = _elementwise(ufunc)
-
-
-def _rem(x, y, **params):
+def rem(x, y, **params):
     """Integer ``rem``: C's remainder, the dividend's sign, in NumPy's ``fmod`` as
     in XLA. Not by zero or by -1 (``INT_MIN % -1`` overflows), whose results
     are the back end's own; not on floats, which XLA may compute otherwise.
@@ -213,19 +206,16 @@ def _rem(x, y, **params):
     is ``rem`` and moves: covered, its call compiles nothing."""
     if x.dtype in FLOATS or y.dtype in FLOATS or np.any(y == 0) or (y.dtype.kind == "i" and np.any(y == -1)):
         return None
-    return _elementwise(np.fmod)(x, y, **params)
+    return elementwise(np.fmod)(x, y, **params)
 
 
-HOST_RULES[P.rem_p] = _rem
-
-
-def _select_n(which, *cases):
+def select_n(which, *cases):
     if which.dtype == bool:
         return np.where(which, cases[1], cases[0]) if len(cases) == 2 else None
     return np.choose(which, cases)
 
 
-def _convert(x, *, new_dtype, **_):
+def convert_element_type(x, *, new_dtype, **_):
     new = np.dtype(new_dtype)
     if new not in DTYPES:
         return None
@@ -236,23 +226,43 @@ def _convert(x, *, new_dtype, **_):
     return x.astype(new)
 
 
-def _broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
+def broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
     kept = [1] * len(shape)
     for d, n in zip(broadcast_dimensions, x.shape):
         kept[d] = n
     return np.broadcast_to(x.reshape(kept), shape)
 
 
-def _reshape(x, *, new_sizes, dimensions=None, **_):
+def reshape(x, *, new_sizes, dimensions=None, **_):
     return None if dimensions is not None else x.reshape(new_sizes)
 
 
-def _slice(x, *, start_indices, limit_indices, strides=None):
+def transpose(x, *, permutation):
+    return np.transpose(x, permutation)
+
+
+def squeeze(x, *, dimensions):
+    return np.squeeze(x, tuple(dimensions))
+
+
+def concatenate(*xs, dimension):
+    return np.concatenate(xs, dimension)
+
+
+def rev(x, *, dimensions):
+    return np.flip(x, tuple(dimensions)) if dimensions else x
+
+
+def copy(x):
+    return x
+
+
+def slice_(x, *, start_indices, limit_indices, strides=None):
     strides = strides or (1,) * x.ndim
     return x[tuple(slice(a, b, s) for a, b, s in zip(start_indices, limit_indices, strides))]
 
 
-def _dynamic_slice(x, *starts, slice_sizes):
+def dynamic_slice(x, *starts, slice_sizes):
     index = []
     for start, size, n in zip(starts, x.shape, slice_sizes):
         start = min(max(int(start), 0), size - n)  # XLA clamps the slice into the operand
@@ -260,14 +270,14 @@ def _dynamic_slice(x, *starts, slice_sizes):
     return x[tuple(index)]
 
 
-def _iota(*, dtype, shape, dimension, **_):
+def iota(*, dtype, shape, dimension, **_):
     if np.dtype(dtype) not in DTYPES:
         return None
     line = np.arange(shape[dimension], dtype=dtype).reshape([-1 if d == dimension else 1 for d in range(len(shape))])
     return np.broadcast_to(line, shape)
 
 
-def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **_):
+def dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **_):
     """A product with an identity matrix (see :func:`times_identity`) or with zeros.
 
     ``jax.jacfwd`` pushes the identity through every ``H @ xi`` of a
@@ -278,6 +288,8 @@ def _dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **
     as XLA's sums give it, and stays one zero broadcast (see :func:`_uniform`).
     """
     (lc, rc), (lb, rb) = dimension_numbers
+    if lhs.dtype not in FLOATS or rhs.dtype not in FLOATS:
+        return None  # the shortcuts below reason about IEEE floats
     if lhs.dtype != rhs.dtype or (preferred_element_type is not None
                                   and np.dtype(preferred_element_type) != lhs.dtype):
         return None
@@ -346,31 +358,11 @@ def _identity_rows(m: np.ndarray) -> int | None:
     return lo
 
 
-def _split(x, *, sizes, axis):
+def split(x, *, sizes, axis):
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
-HOST_RULES.update({
-    P.select_n_p: _select_n,
-    P.convert_element_type_p: _convert,
-    P.broadcast_in_dim_p: _broadcast_in_dim,
-    P.reshape_p: _reshape,
-    P.transpose_p: lambda x, *, permutation: np.transpose(x, permutation),
-    P.squeeze_p: lambda x, *, dimensions: np.squeeze(x, tuple(dimensions)),
-    P.concatenate_p: lambda *xs, dimension: np.concatenate(xs, dimension),
-    P.slice_p: _slice,
-    P.rev_p: lambda x, *, dimensions: np.flip(x, tuple(dimensions)) if dimensions else x,
-    P.iota_p: _iota,
-    P.copy_p: lambda x: x,
-    P.dynamic_slice_p: _dynamic_slice,
-    P.dot_general_p: _dot_general,
-})
-_dot_general.floats_only = True
-if _compat.split_p is not None:
-    HOST_RULES[_compat.split_p] = _split
-
-
-def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
+def on_host(prim, args: Sequence[Any], params: dict) -> Any:
     """``prim`` on concrete ``args`` by its host rule, or None where none applies.
 
     A nested ``jax.jit`` call (``jnp.multiply`` is one) is evaluated
@@ -392,8 +384,6 @@ def evaluate(prim, args: Sequence[Any], params: dict) -> Any:
         if dtype is None or dtype not in DTYPES or isinstance(a, _compat.Tracer):
             return None
         host.append(np.asarray(a))
-    if getattr(rule, "floats_only", False) and any(a.dtype not in FLOATS for a in host):
-        return None
     out = rule(*host, **params)
     if out is None:
         return None
@@ -421,7 +411,7 @@ def _call(jaxpr, consts, args) -> list[Any] | None:
     last = {a: i for i, e in enumerate(jaxpr.eqns) for a in e.invars if isinstance(a, _compat.Var)}
     outputs = {v for v in jaxpr.outvars if isinstance(v, _compat.Var)}  # not literals: unhashable
     for i, eqn in enumerate(jaxpr.eqns):
-        outs = evaluate(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
+        outs = on_host(eqn.primitive, [read(a) for a in eqn.invars], eqn.params)
         if outs is None:
             return None
         env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))

@@ -34,9 +34,10 @@ class KnownWork(NamedTuple):
     total: Cost
     folded: tuple
     effects: tuple = ()
+    needed: tuple = ()  # equations whose fold rule must run (see needed_rules)
 
     def pays(self, min_gain: float) -> bool:
-        return fold_pays(self.saved, self.total, min_gain)
+        return bool(self.needed) or fold_pays(self.saved, self.total, min_gain)
 
 
 def known_work(jaxpr, known: Sequence[bool], *, lazy: bool = True, ratio: float = 2.0,
@@ -56,7 +57,8 @@ def known_work(jaxpr, known: Sequence[bool], *, lazy: bool = True, ratio: float 
     carries and scanned inputs compute, on every trip). Known work nothing unknown
     reads (dead, or an output) is saved too: the program would compute it on every
     call. A fold rule that rewrites an equation with known and unknown inputs adds
-    what that saves (:data:`saving_rules`). ``effects`` are the effectful equations
+    what that saves (:data:`saving_rules`), and where JAX needs the rewrite, that it
+    must run (:data:`needed_rules`). ``effects`` are the effectful equations
     on known values alone, which stay.
 
     Examples:
@@ -72,7 +74,8 @@ def known_work(jaxpr, known: Sequence[bool], *, lazy: bool = True, ratio: float 
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     walk = _Walk(lazy, ratio, min_bytes)
     saved = walk.saved(jaxpr, set(jaxpr.constvars) | {v for v, k in zip(jaxpr.invars, known) if k}, set())
-    return KnownWork(saved + walk.rewritten, jaxpr_cost(closed), tuple(walk.folded), tuple(walk.effects))
+    return KnownWork(saved + walk.rewritten, jaxpr_cost(closed), tuple(walk.folded), tuple(walk.effects),
+                     tuple(walk.needed))
 
 
 #: What a walk knows of an input: nothing, that it comes from literals alone (``STATIC``:
@@ -91,6 +94,7 @@ class _Walk:
         self.lazy, self.ratio, self.min_bytes = lazy, ratio, min_bytes
         self.folded: list = []
         self.effects: list = []
+        self.needed: list = []
         self.rewritten = ZERO  # what the fold rules' rewrites save (see saving_rules), ``times`` a call each
         self.times = 1
 
@@ -124,6 +128,8 @@ class _Walk:
                     self.effects.append(eqn)
             if not all(states) and not effectful and record and (rule := saving_rules.get(eqn.primitive)):
                 self.rewritten += rule(eqn, known, producers, nested) * self.times
+            if not all(states) and record and (need := needed_rules.get(eqn.primitive)) and need(eqn, known):
+                self.needed.append(eqn)
             producers.update((v, eqn) for v in eqn.outvars)
         if record:
             self.folded.extend(folded)
@@ -222,20 +228,17 @@ def _stored(eqn, lazy: dict) -> list:
 #: ``rule(eqn, known, producers, nested) -> Cost``: what a fold rule saves a call on an
 #: equation with known and unknown inputs (``known``: the known values; ``producers``:
 #: the equation that made each value; ``nested``: in a loop body, a branch or a call),
-#: which :func:`known_work` adds (the products rule's reassociation, say).
+#: which :func:`known_work` adds (the products rule's reassociation, say). Registered
+#: with the fold rule (:func:`pejit._residual.rules.registry.register_primitive`).
 SavingRule = Callable[[Any, set, dict, bool], Cost]
 saving_rules: dict[Any, SavingRule] = {}
 
-
-def register_saving_rule(*prims) -> Callable[[SavingRule], SavingRule]:
-    """Register ``rule`` as what a fold rule of each of ``prims`` saves a call (see :data:`saving_rules`)."""
-
-    def register(rule: SavingRule) -> SavingRule:
-        for prim in prims:
-            saving_rules[prim] = rule
-        return rule
-
-    return register
+#: ``needed(eqn, known) -> bool``: whether the fold rule of an equation with known and
+#: unknown inputs must run, whatever folding saves: JAX could not transform the program
+#: as it stands (``pad``'s transpose rule rejects a known operand beside a linear
+#: padding value; the fold restages it). Such a program is folded.
+NeededRule = Callable[[Any, set], bool]
+needed_rules: dict[Any, NeededRule] = {}
 
 
-__all__ = ["KnownWork", "SavingRule", "known_work", "register_saving_rule", "saving_rules"]
+__all__ = ["KnownWork", "NeededRule", "SavingRule", "known_work", "needed_rules", "saving_rules"]

@@ -87,7 +87,7 @@ def worth_a_kernel(prim, params: dict, out_bytes: int) -> bool:
 
 class Kernels:
     """The kernels of one fold handed to the worker, by recipe
-    (:class:`pejit._fold._batch.Recipe`), and their results not yet read.
+    (:class:`pejit._fold._recipe.Recipe`), and their results not yet read.
 
     Those handed out by the trace and by a batch wait under separate
     budgets of :data:`AHEAD_BYTES`: a batch runs only what its values
@@ -370,18 +370,13 @@ class _Kernel:
 
 
 #: Per primitive, parameters and input types: the kernel, or None where it
-#: is left to the batch.
-_kernels: dict[Any, _Kernel | None] = {}
+#: is left to the batch (``pejit._fold._batch.clear_programs`` empties it).
+lowered_kernels: dict[Any, _Kernel | None] = {}
 _MAX_KERNELS = 256
 #: Call bodies, by identity: whether a batch compiles a call of them alone.
 _alone_bodies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: The calls a user's program binds (not pejit's own, which no batch compiles alone).
 _USER_CALLS = frozenset(["jit", "pjit", "closed_call"])
-
-
-def clear_programs() -> None:
-    """Forget the lowered and compiled kernels (``pejit._fold._batch.clear_programs`` calls this)."""
-    _kernels.clear()
 
 
 def _specs(args: Sequence[Any], abstract: bool = False) -> tuple | None:
@@ -407,7 +402,7 @@ def _compiled_alone(prim, params: dict) -> bool:
     """Whether a batch would have JAX compile ``prim`` for itself: no host
     rule covers it, and no compiled segment would fuse it, or not
     always (a run starting at a ``sin`` may stay eager; see
-    ``pejit._fold._batch.plan_batch``)."""
+    ``pejit._fold._plan.plan_batch``)."""
     if prim.name in CALLS:
         body = called_jaxpr(prim, params)
         return prim.name in _USER_CALLS and body is not None and _body_alone(body)
@@ -436,7 +431,7 @@ def _warmed(recipe, args: Sequence[Any]) -> _Kernel | None:
     """The kernel :meth:`Kernels.warm` compiled for ``recipe`` on these inputs, if any."""
     if not _compiled_alone(recipe.prim, recipe.params):
         return None
-    kernel = _kernels.get(_key(recipe, _specs(args)))
+    kernel = lowered_kernels.get(_key(recipe, _specs(args)))
     return kernel if kernel is not None and kernel.ahead else None
 
 
@@ -466,11 +461,11 @@ def _lowered(recipe, specs: tuple | None) -> _Kernel | None:
     key = _key(recipe, specs)
     if key is None:
         return None
-    if key not in _kernels:
-        if len(_kernels) >= _MAX_KERNELS:
-            _kernels.pop(next(iter(_kernels)))
-        _kernels[key] = _lower(recipe.prim, recipe.params, specs)
-    return _kernels[key]
+    if key not in lowered_kernels:
+        if len(lowered_kernels) >= _MAX_KERNELS:
+            lowered_kernels.pop(next(iter(lowered_kernels)))
+        lowered_kernels[key] = _lower(recipe.prim, recipe.params, specs)
+    return lowered_kernels[key]
 
 
 def _lower(prim, params, specs) -> _Kernel | None:

@@ -75,7 +75,7 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 #: a + b)`` steps: 0.37 s as one program, 0.13 s as one program per step,
 #: JAX 0.10.2), and at least as fast as standalone kernels when the loop
 #: starts at them (``sin(c) * a + b`` steps: 0.36 s as one program of 50,
-#: 0.69 s op by op). See :func:`pejit._fold._batch.plan_batch`.
+#: 0.69 s op by op). See :func:`pejit._fold._plan.plan_batch`.
 FUSED_FIRST = frozenset(["sin", "cos", "tan"])
 
 #: Primitives that run Python the program may never run: folded only where the
@@ -88,6 +88,11 @@ CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call
 
 #: Call-like primitives, by name: fusible when everything they call is.
 CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
+
+
+def is_var(a) -> bool:
+    """Whether ``a``, an equation's input or a recipe's, is a ``Var`` (not a literal, not a value)."""
+    return isinstance(a, _compat.Var)
 
 
 def custom_calls(jaxpr) -> int:

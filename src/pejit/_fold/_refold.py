@@ -14,19 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from .. import _compat
-from . import _abstract, _host
+from . import _host
+from ._primitives import is_var
 from ._values import nbytes
-
-
-def _is_var(a) -> bool:
-    return isinstance(a, _compat.Var)
-
-
-def evaluate(r, args: list) -> Any:
-    """``r`` on ``args``: on the host where a rule gives XLA's bits (no compile), else by JAX."""
-    outs = _host.evaluate(r.prim, args, r.params)
-    return _abstract.evaluate(r.prim, args, r.params) if outs is None else outs
 
 
 #: A batch's value that constants alone define (through at most REMAT_DEPTH
@@ -60,13 +50,13 @@ REMAT_LEAD = 16
 class Refolds:
     """Values of a batch that its constants alone define, dropped between far uses and computed again.
 
-    The fold records the same known work once (``Folder._fold_key``), so
+    The fold records the same known work once (:class:`pejit._fold._memo.Memo`), so
     TFC's basis at a zero coordinate, ``H(zeros_like(x), y, t)``, is one
     value that derivatives read from the start of the batch to its end:
     the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
     transposes and products, at once (690 MiB live against 155 MiB when
     each read computed its own), in a batch ordered target by target; in
-    the trace's order (``Folder._batch``), 33 MiB at most. Such a value
+    the trace's order (``Store.pending``), 33 MiB at most. Such a value
     (one output, defined by at most :data:`REMAT_DEPTH` equations from
     constants or small values from before the batch) is dropped, the one
     read farthest ahead first, while more than :data:`REMAT_HELD` bytes of
@@ -85,10 +75,16 @@ class Refolds:
     from their first read to their last too (XLA does not compute them
     again): holding as many bytes again as the batch must hold anyway keeps
     the peak near ``jax.jit``'s.
+
+    A value is computed again as the batch computed it: by its kernel
+    (``kernels``, :mod:`pejit._fold._offload`), else by ``evaluate(prim, args,
+    params)``, the batch's own evaluator (:func:`pejit._fold._batch.eagerly`).
     """
 
-    def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter, kernels: Any = None,
+    def __init__(self, recipes: Sequence[Any], env: dict, uses: Counter,
+                 evaluate: Callable[[Any, Sequence[Any], dict], Any], kernels: Any = None,
                  worker: concurrent.futures.Executor | None = None, outputs: Collection[Any] = ()):
+        self._evaluate = evaluate
         self._kernels = kernels  # pejit._fold._offload.Kernels: a kernel runs again by its lowering
         self._worker = worker  # computes dropped values again ahead of their reads
         self._dropped: list[tuple[int, int, Any]] = []  # heap of (next read, tie, var) dropped here
@@ -101,7 +97,7 @@ class Refolds:
         pinned = set()
         widest = 0  # the most bytes one equation reads: all live at once, whatever is dropped
         for i, r in enumerate(recipes):
-            inputs = [a for a in r.args if _is_var(a)]
+            inputs = [a for a in r.args if is_var(a)]
             widest = max(widest, sum(nbytes(a.aval) for a in set(inputs)))
             for a in inputs:
                 self._next[a].append(i)
@@ -118,7 +114,7 @@ class Refolds:
                 pinned.update(a for a in inputs if a in env)
         for a in pinned:  # kept for the recomputations (small, defined before the batch)
             uses[a] += 1
-        kept = sum(nbytes(v.aval) for v in outputs if _is_var(v) and v not in env)
+        kept = sum(nbytes(v.aval) for v in outputs if is_var(v) and v not in env)
         # Holding them all spares computing them again; past REMAT_HELD the
         # heap grows with them, and the batch trims it (pejit._fold._trim)
         most = self._held_at_most()
@@ -143,7 +139,7 @@ class Refolds:
     def restore(self, r, env: dict) -> None:
         """Compute again the inputs of ``r`` that were dropped (or take them from the worker)."""
         for a in r.args:
-            if _is_var(a) and a not in env and a in self._missing:
+            if is_var(a) and a not in env and a in self._missing:
                 self._missing.discard(a)
                 value = self._computed.pop(a, None)
                 ahead = self._ahead.pop(a, None)
@@ -199,8 +195,8 @@ class Refolds:
         p = self._producer[a][0]
         args, later = [], []
         for b in p.args:
-            if not _is_var(b) or b in env:
-                args.append(env[b] if _is_var(b) else b)
+            if not is_var(b) or b in env:
+                args.append(env[b] if is_var(b) else b)
                 continue
             job = self._job(b, env) if b in self._producer else None
             if job is None:
@@ -217,21 +213,21 @@ class Refolds:
 
     def _compute(self, p, args: list):
         out = None if self._kernels is None else self._kernels.compute(p, args)
-        return evaluate(p, args) if out is None else out
+        return self._evaluate(p.prim, args, p.params) if out is None else out
 
     def _value(self, a, env: dict, scratch: dict):
         if a in env:
             return env[a]
         if a not in scratch:
             p = self._producer[a][0]
-            scratch[a] = self._compute(p, [self._value(b, env, scratch) if _is_var(b) else b for b in p.args])
+            scratch[a] = self._compute(p, [self._value(b, env, scratch) if is_var(b) else b for b in p.args])
         return scratch[a]
 
     def release(self, position: int, r, env: dict) -> None:
         """After ``r`` (at ``position``), drop large values of constants alone, those read
         farthest ahead first, until at most :data:`REMAT_HELD` bytes of them are held."""
         for a in r.args:
-            if not _is_var(a) or a not in self._producer:
+            if not is_var(a) or a not in self._producer:
                 continue
             waiting = self._next[a]
             while waiting and waiting[0] <= position:
@@ -260,4 +256,4 @@ def _on_host(p, args: list, later: list) -> Any:
         args[i] = job()
         if args[i] is None:
             return None
-    return _host.evaluate(p.prim, args, p.params)
+    return _host.on_host(p.prim, args, p.params)

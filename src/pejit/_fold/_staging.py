@@ -38,6 +38,12 @@ def policy_of(x: Any):
     return getattr(trace_of(x), "policy", None)
 
 
+def known_value(trace, x: Any) -> Any:
+    """``x``, or the constant it holds where it is a tracer of ``trace`` that merely holds one."""
+    const = _compat.const_of(trace, x)
+    return x if const is None else const
+
+
 class ClosedOverTracer(Exception):
     """A function being specialized reached a tracer of a trace its specialization did not open.
 
@@ -294,4 +300,5 @@ def trace_staging(
     return policy.finalize(jaxpr, list(consts))
 
 
-__all__ = ["ClosedOverTracer", "KnowableTracer", "StagingTrace", "policy_of", "specializing", "trace_staging"]
+__all__ = ["ClosedOverTracer", "KnowableTracer", "StagingTrace", "known_value", "policy_of", "specializing",
+           "trace_staging"]

@@ -7,11 +7,30 @@ persistent cache stores it with the folded constants.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from collections import Counter
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from .. import _compat
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchInfo:
+    """How one segment of a batch of known equations was evaluated.
+
+    ``batch`` numbers the batches of one specialization, in order.
+    """
+
+    batch: int
+    backend: str
+    equations: int
+    out_bytes: int
+    primitives: Counter
+    seconds: float = 0.0  #: evaluating the segment, compiling included
+    compile_seconds: float = 0.0
 
 
 class Unfolded(NamedTuple):
@@ -44,10 +63,57 @@ class FoldStats:
     effects_kept: Counter = dataclasses.field(default_factory=Counter)
     eager_evaluations: Counter = dataclasses.field(default_factory=Counter)
     flops: float = 0.0  # estimated FLOPs of the folded equations (pejit._fold._cost)
-    batches: list = dataclasses.field(default_factory=list)  # of _batch.BatchInfo
+    batches: list = dataclasses.field(default_factory=list)  # of BatchInfo
     collapsed: list = dataclasses.field(default_factory=list)  # of _collapse.Collapse
     unfolded: list = dataclasses.field(default_factory=list)  # of Unfolded
     notes: list = dataclasses.field(default_factory=list)  # what else the report says (its fallbacks)
+
+
+#: The notes of the trace in progress: its report's (see :func:`note`).
+_NOTES: contextvars.ContextVar[list | None] = contextvars.ContextVar("pejit_notes", default=None)
+
+
+@contextlib.contextmanager
+def noting(notes: list) -> Iterator[list]:
+    """Collect into ``notes`` what the code traced inside notes (:func:`note`)."""
+    token = _NOTES.set(notes)
+    try:
+        yield notes
+    finally:
+        _NOTES.reset(token)
+
+
+def note(text: str) -> None:
+    """Add ``text`` to the report of the specialization being traced, once; a trace
+    that is no specialization's (outside :func:`noting`) drops it."""
+    notes = _NOTES.get()
+    if notes is not None and text not in notes:
+        notes.append(text)
+
+
+class Tally:
+    """What one folding trace counted as folded into ``stats`` (shared with the
+    traces nested in it), taken back where its fold does not pay."""
+
+    def __init__(self, stats: FoldStats):
+        self.stats = stats
+        self._folded: Counter = Counter()
+        self._flops = 0.0
+
+    def count(self, labels: list[str], flops: float) -> None:
+        """Count folds of these labels (:func:`label`), of ``flops`` estimated FLOPs in all."""
+        for name in labels:
+            self.stats.folded[name] += 1
+            self._folded[name] += 1
+        self.stats.flops += flops
+        self._flops += flops
+
+    def take_back(self, unfolded: Unfolded) -> None:
+        """The fold did not pay: take its count back, and say why."""
+        self.stats.folded -= self._folded
+        self.stats.flops -= self._flops
+        self.stats.unfolded.append(unfolded)
+        self._folded, self._flops = Counter(), 0.0
 
 
 def label(prim, params: dict) -> str:
@@ -59,4 +125,4 @@ def label(prim, params: dict) -> str:
     return f"{prim.name}({name})" if isinstance(name, str) and prim is _compat.jit_p else prim.name
 
 
-__all__ = ["FoldStats", "Unfolded", "label"]
+__all__ = ["BatchInfo", "FoldStats", "Tally", "Unfolded", "label"]

@@ -26,7 +26,7 @@ import numpy as np
 from .. import _compat
 
 
-def on_host(c) -> bool:
+def in_host_memory(c) -> bool:
     """Whether reading ``c`` as a NumPy array copies nothing."""
     if isinstance(c, np.ndarray):
         return True
@@ -37,7 +37,7 @@ def content_key(c):
     """A key equal for arrays of equal type and bits; ``("id", id(c))`` where
     that is not worth finding out (values on an accelerator are not copied to
     the host to be compared)."""
-    if isinstance(c, _compat.Tracer) or not on_host(c):
+    if isinstance(c, _compat.Tracer) or not in_host_memory(c):
         return ("id", id(c))
     a = np.asarray(c)
     if a.dtype == object:
@@ -87,7 +87,7 @@ def uniform_value(c):
         return c[(0,) * c.ndim]
     if isinstance(c, jax.Array) and not c.is_fully_addressable:
         return None  # sharded over processes (jax.distributed): not worth a collective here
-    if not on_host(c):  # compared where it lives; only the verdict and the element are copied
+    if not in_host_memory(c):  # compared where it lives; only the verdict and the element are copied
         with _compat.at_top_level():
             same, one = _uniform_on_device(c)
         return np.asarray(one)[()] if bool(same) else None
@@ -124,18 +124,18 @@ SMALL_KEY_BYTES = 1 << 16
 
 
 def value_key(c):
-    """What identifies a concrete input of a fold (see ``Folder._fold_key``):
+    """What identifies a concrete input of a fold (see :meth:`pejit._fold._memo.Memo.key`):
     equal for arrays of the same type, weak type and bits where finding that
     out costs at most one read, else ``("id", id(c))``.
 
     A uniform array (``jnp.zeros_like(c)``, ``np.ones_like(c)``,
     ``jnp.full(...)``, a ``jax.Array`` of zeros) is :func:`uniform_key` of its
     one element, as is a broadcast of a scalar that the fold records
-    (``Folder`` keys its output so): the same known work on any spelling of
+    (the fold memo keys its output so): the same known work on any spelling of
     a zero is folded once. Small arrays are keyed by their bytes; other
     arrays by identity (hashing a large constant would cost a pass over it).
     """
-    if isinstance(c, _compat.Tracer) or not isinstance(c, (jax.Array, np.ndarray)) or not on_host(c):
+    if isinstance(c, _compat.Tracer) or not isinstance(c, (jax.Array, np.ndarray)) or not in_host_memory(c):
         return ("id", id(c))
     if jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended) or c.dtype == object:
         return ("id", id(c))
@@ -221,7 +221,7 @@ class Compactor:
             and not jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended)
             and not value.weak_type
             and len(value.devices()) == 1
-            and on_host(value)
+            and in_host_memory(value)
         )
 
 

@@ -21,7 +21,7 @@ from jax.extend.core import Literal
 
 from .._compat import drop_var
 from .._fold._cost import jaxpr_flops
-from .._fold._batch import nbytes
+from .._fold._values import nbytes
 from .._fold._stats import FoldStats
 from .._fold._stats import label as eqn_label
 
@@ -54,7 +54,7 @@ class FoldReport:
       known_invars: positions of ``before``'s inputs that were known (its
         ``consts`` always are).
       batches: how the known work was evaluated, one record per batch
-        segment (``pejit._fold._batch.BatchInfo``: number, back end, equations,
+        segment (``pejit._fold._stats.BatchInfo``: number, back end, equations,
         bytes, primitives, seconds and of them compiling). The back end is
         ``"eager"`` (op by op), ``"compiled"`` (one ``jax.jit`` program),
         ``"loop"`` (an unrolled loop's steps, each feeding the next, as one

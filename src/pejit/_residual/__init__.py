@@ -8,9 +8,11 @@ with the rules of ``rules/affine.py`` and decides where to cut,
 ``_collapse`` builds and applies the matrices, ``_linear`` builds them on
 the host), equal and uniform constants passed once. ``rules/`` holds the
 built-in fold rules, one module per primitive family (branches, calls,
-loops, custom derivatives, expansions): plug-ins of the ``Folder``,
-registered in its table when this stage is imported, as a user's rule is
-by ``pejit.register_fold_rule``.
+loops, custom derivatives, products): plug-ins of the ``Folder``,
+registered with the rest of each primitive's support (its cost, host,
+affine and linear rules) when this stage is imported (``rules/builtins.py``,
+through ``rules/registry.py``), as a user's rule is by
+``pejit.register_fold_rule``.
 
 Imports: ``_reports``, ``_fold`` and ``_compat``.
 """

@@ -27,7 +27,7 @@ from jax.extend.core import primitives as P
 from .. import _compat
 from .._fold import _cost
 from .._fold._cost import eqn_flops
-from .rules.affine import ADDITIVE, affine_rules, register_affine_rule
+from .rules.affine import ADDITIVE, affine_rules
 
 #: Kinds of residual values: computed from folded constants alone, affine in
 #: the dynamic inputs (the inputs themselves included), anything else.
@@ -77,8 +77,7 @@ def classify(jaxpr, known: Sequence[bool]) -> dict[Any, str]:
     return kinds
 
 
-@register_affine_rule(_compat.jit_p, P.closed_call_p, P.custom_jvp_call_p)
-def _call(eqn, known: Sequence[bool]) -> bool:
+def call(eqn, known: Sequence[bool]) -> bool:
     """A call is affine when its body is (for ``custom_jvp``: the primal computation)."""
     return is_affine(eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr"), known)
 

@@ -49,7 +49,7 @@ from .. import _compat
 from .._fold import _batch, _device
 from . import _linear
 from ._affine import CONST, Region, classify, offsets, plan_cut, regions, size
-from .._fold._batch import nbytes
+from .._fold._values import nbytes
 from .._fold import _cost
 from .._fold._cost import eqn_flops
 
@@ -233,7 +233,7 @@ def _jacobian(
         # region's equations are traced once, then evaluated by the folding
         # back end (where the host evaluates what it can: see pejit._fold._host).
         closed = jax.make_jaxpr(build.by_jvp)(*consts)
-        built = _batch.evaluate_jaxpr(closed, consts, backend)
+        built = _batch.run_jaxpr(closed, consts, backend)
     return list(zip(built[::2], built[1::2]))
 
 

@@ -37,19 +37,19 @@ from .. import _compat
 from .._fold import _device, _host, _offload
 from .._fold._primitives import call_body
 
+#: ``rule(args, batched, **params)``: a primitive with NumPy, as ``jax.vmap`` batches it.
 LinearRule = Callable[..., Any]
+#: A primitive's rule here, registered with its other facets
+#: (:func:`pejit._residual.rules.registry.register_primitive`); the rules below
+#: are the built-in ones.
 LINEAR_RULES: dict[Any, LinearRule] = {}
 
-#: Per primitive, the operands that a region's output is not linear in: they
-#: are known there (``pejit._residual.rules.affine`` admits nothing else), and the
-#: tangent pass reads their values. For ``mul`` and ``dot_general`` it is
-#: whichever factor has no tangent.
-FIXED: dict[Any, Callable[[int], Sequence[int]]] = {
-    P.div_p: lambda n: (1,),
-    P.select_n_p: lambda n: (0,),
-    P.dynamic_slice_p: lambda n: range(1, n),
-    P.dynamic_update_slice_p: lambda n: range(2, n),
-}
+#: Per primitive, ``fixed(n)``: of its ``n`` operands, those that a region's
+#: output is not linear in (registered with its rule): they are known there
+#: (``pejit._residual.rules.affine`` admits nothing else), and the tangent
+#: pass reads their values. For ``mul`` and ``dot_general`` it is whichever
+#: factor has no tangent.
+FIXED: dict[Any, Callable[[int], Sequence[int]]] = {}
 _PRODUCTS = (P.mul_p, P.dot_general_p)
 
 #: At most this many bytes of a region's values at zero are kept from the
@@ -70,16 +70,7 @@ class _Unsupported(Exception):
     """The region holds something no rule here covers."""
 
 
-def register_linear_rule(*prims: Any) -> Callable[[LinearRule], LinearRule]:
-    def register(rule: LinearRule) -> LinearRule:
-        for prim in prims:
-            LINEAR_RULES[prim] = rule
-        return rule
-
-    return register
-
-
-def _elementwise(ufunc):
+def elementwise(ufunc):
     def rule(args, batched, **params):
         # NumPy aligns trailing axes: an unbatched operand (its shape, or a
         # scalar) meets a batched one (B, *shape) as vmap would have it; a
@@ -125,11 +116,6 @@ def _zeros(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
-for _prim, _ufunc in ((P.add_p, np.add), (P.add_jaxvals_p, np.add), (P.sub_p, np.subtract),
-                      (P.mul_p, np.multiply), (P.div_p, np.divide), (P.neg_p, np.negative)):
-    LINEAR_RULES[_prim] = _elementwise(_ufunc)
-
-
 def _lifted(args, batched) -> tuple[list[np.ndarray], bool]:
     """All ``args`` with the batch axis if any has it, and whether one did."""
     size = next((a.shape[0] for a, b in zip(args, batched) if b), None)
@@ -138,26 +124,22 @@ def _lifted(args, batched) -> tuple[list[np.ndarray], bool]:
     return [a if b else np.broadcast_to(a, (size, *np.shape(a))) for a, b in zip(args, batched)], True
 
 
-@register_linear_rule(P.convert_element_type_p)
-def _convert(args, batched, *, new_dtype, **_):
+def convert_element_type(args, batched, *, new_dtype, **_):
     return args[0].astype(new_dtype)
 
 
-@register_linear_rule(P.copy_p)
-def _copy(args, batched, **_):
+def copy(args, batched, **_):
     return args[0]
 
 
-@register_linear_rule(P.select_n_p)
-def _select_n(args, batched, **_):
+def select_n(args, batched, **_):
     which, *cases = args
     if which.dtype == bool:
         return np.where(which, cases[1], cases[0])
     return np.choose(which.astype(np.intp), np.broadcast_arrays(*cases))
 
 
-@register_linear_rule(P.broadcast_in_dim_p)
-def _broadcast_in_dim(args, batched, *, shape, broadcast_dimensions, **_):
+def broadcast_in_dim(args, batched, *, shape, broadcast_dimensions, **_):
     (x,), (b,) = args, batched
     kept = [1] * len(shape)
     for d, n in zip(broadcast_dimensions, x.shape[b:]):
@@ -166,61 +148,52 @@ def _broadcast_in_dim(args, batched, *, shape, broadcast_dimensions, **_):
     return np.broadcast_to(x.reshape((*lead, *kept)), (*lead, *shape))
 
 
-@register_linear_rule(P.reshape_p)
-def _reshape(args, batched, *, new_sizes, dimensions=None, **_):
+def reshape(args, batched, *, new_sizes, dimensions=None, **_):
     (x,), (b,) = args, batched
     if dimensions is not None:
         raise _Unsupported("reshape with dimensions")
     return x.reshape((*x.shape[:b], *new_sizes))
 
 
-@register_linear_rule(P.squeeze_p)
-def _squeeze(args, batched, *, dimensions):
+def squeeze(args, batched, *, dimensions):
     (x,), (b,) = args, batched
     return np.squeeze(x, tuple(d + b for d in dimensions))
 
 
-@register_linear_rule(P.transpose_p)
-def _transpose(args, batched, *, permutation):
+def transpose(args, batched, *, permutation):
     (x,), (b,) = args, batched
     return np.transpose(x, (*range(b), *(p + b for p in permutation)))
 
 
-@register_linear_rule(P.slice_p)
-def _slice(args, batched, *, start_indices, limit_indices, strides=None):
+def slice_(args, batched, *, start_indices, limit_indices, strides=None):
     (x,), (b,) = args, batched
     strides = strides or (1,) * len(start_indices)
     return x[(slice(None),) * b + tuple(slice(s, e, k) for s, e, k in zip(start_indices, limit_indices, strides))]
 
 
-@register_linear_rule(P.rev_p)
-def _rev(args, batched, *, dimensions):
+def rev(args, batched, *, dimensions):
     (x,), (b,) = args, batched
     return np.flip(x, tuple(d + b for d in dimensions)) if dimensions else x
 
 
-@register_linear_rule(P.reduce_sum_p)
-def _reduce_sum(args, batched, *, axes, **_):
+def reduce_sum(args, batched, *, axes, **_):
     (x,), (b,) = args, batched
     return np.sum(x, axis=tuple(a + b for a in axes))
 
 
-@register_linear_rule(P.cumsum_p)
-def _cumsum(args, batched, *, axis, reverse):
+def cumsum(args, batched, *, axis, reverse):
     (x,), (b,) = args, batched
     if reverse:
         return np.flip(np.cumsum(np.flip(x, axis + b), axis + b), axis + b)
     return np.cumsum(x, axis + b)
 
 
-@register_linear_rule(P.concatenate_p)
-def _concatenate(args, batched, *, dimension):
+def concatenate(args, batched, *, dimension):
     xs, b = _lifted(args, batched)
     return np.concatenate(xs, dimension + b)
 
 
-@register_linear_rule(P.pad_p)
-def _pad(args, batched, *, padding_config):
+def pad(args, batched, *, padding_config):
     (x, value), (b, bv) = args, batched
     if bv:  # tangents: those of a known padding value are zero
         if np.any(value):
@@ -242,16 +215,14 @@ def _starts(starts, shape, sizes) -> list[int]:
     return [min(max(int(s), 0), n - k) for s, n, k in zip(starts, shape, sizes)]
 
 
-@register_linear_rule(P.dynamic_slice_p)
-def _dynamic_slice(args, batched, *, slice_sizes):
+def dynamic_slice(args, batched, *, slice_sizes):
     x, *starts = args
     b = batched[0]
     begin = _starts(starts, x.shape[b:], slice_sizes)
     return x[(slice(None),) * b + tuple(slice(s, s + k) for s, k in zip(begin, slice_sizes))]
 
 
-@register_linear_rule(P.dynamic_update_slice_p)
-def _dynamic_update_slice(args, batched, **_):
+def dynamic_update_slice(args, batched, **_):
     (x, update), b = _lifted(args[:2], batched[:2])
     begin = _starts(args[2:], x.shape[b:], update.shape[b:])
     out = np.array(x)
@@ -259,16 +230,12 @@ def _dynamic_update_slice(args, batched, **_):
     return out
 
 
-if _compat.split_p is not None:
-
-    @register_linear_rule(_compat.split_p)
-    def _split(args, batched, *, sizes, axis):
-        (x,), (b,) = args, batched
-        return np.split(x, np.cumsum(sizes)[:-1], axis=axis + b)
+def split(args, batched, *, sizes, axis):
+    (x,), (b,) = args, batched
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis + b)
 
 
-@register_linear_rule(P.dot_general_p)
-def _dot_general(args, batched, *, dimension_numbers, **_):
+def dot_general(args, batched, *, dimension_numbers, **_):
     # as one matmul of (batch, free, contracted) by (batch, contracted, free):
     # BLAS, with no einsum path to plan each time; the vmap axis is a free one
     (lhs, rhs), (bl, br) = args, batched
@@ -365,9 +332,9 @@ def _run(jaxpr, consts, values, tangents, known: _Known, alone: bool = True) -> 
 
 def _evaluate(eqn, vals) -> list:
     """Outputs of an equation on known values: by its host rule, else JAX's."""
-    out = _host.evaluate(eqn.primitive, vals, eqn.params)
+    out = _host.on_host(eqn.primitive, vals, eqn.params)
     if out is None:
-        out = _compat.evaluate(eqn.primitive, vals, eqn.params)
+        out = _compat.bind_outside(eqn.primitive, vals, eqn.params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
 

@@ -20,11 +20,11 @@ from jax.extend.core import ClosedJaxpr
 from .. import _compat
 from . import _collapse, _cse
 from .._fold._abstract import is_abstract
-from .._fold._batch import nbytes
+from .._fold._values import nbytes
 from .._fold._folding import Folder, replay
 from .._fold._offload import Kernels
 from .._fold._options import FoldOptions
-from .._fold._stats import FoldStats
+from .._fold._stats import FoldStats, noting
 from .._fold._gc import pausing
 from .._fold._host import remembering
 from .._fold._primitives import FUSES_OPERANDS, prune
@@ -104,7 +104,8 @@ def fold(
     start = time.perf_counter()
     try:
         folder = Folder(options, progress, early_kernels=not abstract, kernels=kernels)
-        jaxpr, consts = trace_staging(fun, in_avals, folder, name=name)
+        with noting(folder.stats.notes):
+            jaxpr, consts = trace_staging(fun, in_avals, folder, name=name)
     except _NEEDS_CONCRETE:
         if abstract:
             raise
@@ -112,7 +113,8 @@ def fold(
         # pejit traces abstractly (so that effects there stay); let JAX fold
         # eagerly inside bodies instead. A genuinely dynamic value fails again.
         folder = Folder(options, progress)
-        jaxpr, consts = trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
+        with noting(folder.stats.notes):
+            jaxpr, consts = trace_staging(fun, in_avals, folder, name=name, eager_bodies=True)
     jaxpr, consts = prune(jaxpr, consts)
     jaxpr = _cse.eliminate(jaxpr)  # so that the collapse costs a shared primal once
     if options.affine:

@@ -2,8 +2,13 @@
 
 pejit's passes are not separate sweeps over a jaxpr: they are decisions the
 folding trace (:mod:`pejit._fold._folding`) makes equation by equation, either in
-its default policy or in a rule keyed by primitive (``register_fold_rule``),
-grouped here by primitive family; ``_hoist`` is what the families share.
+its default policy or in a rule keyed by primitive, grouped here by primitive
+family; ``_hoist`` is what the families share. Every facet of a primitive's
+support (its fold rule, cost, host rule, affine and linear rules) is one
+registration (:func:`.registry.register_primitive`, whose docstring is the
+checklist for adding a primitive); :mod:`.builtins` registers JAX's
+primitives, family by family, as a user registers a rule of their own
+(``pejit.register_fold_rule``).
 A rule replays the relevant sub-jaxpr under the folding trace, so the known
 work inside it folds like any other, and returns ``NotImplemented`` when it
 has nothing to add over the default policy. Every pass is on by default and
@@ -77,33 +82,6 @@ Dead-code elimination of the residual jaxpr always runs.
 
 from __future__ import annotations
 
-from jax.extend.core import primitives as P
-
-from ... import _compat
-from ..._fold._fold_rules import register_fold_rule
-from .branches import fold_cond
-from .calls import fold_checkpoint, fold_jit
-from .custom import fold_custom_jvp, fold_custom_lin, fold_custom_vjp, fold_linear_solve
-from .products import fold_dot_general
-from .loops import fold_scan, fold_while
-from .transposable import fold_pad
-
-# The built-in fold rules, in one place. A rule of your own registers the
-# same way, from any module (see ``pejit.register_fold_rule``).
-register_fold_rule(P.cond_p)(fold_cond)
-register_fold_rule(_compat.jit_p, deferred=True)(fold_jit)
-register_fold_rule(_compat.remat_p)(fold_checkpoint)
-register_fold_rule(P.scan_p)(fold_scan)
-register_fold_rule(P.while_p)(fold_while)
-register_fold_rule(P.dot_general_p, deferred=True)(fold_dot_general)
-register_fold_rule(P.custom_vjp_call_p)(fold_custom_vjp)
-register_fold_rule(P.custom_jvp_call_p)(fold_custom_jvp)
-register_fold_rule(_compat.custom_lin_p)(fold_custom_lin)
-register_fold_rule(P.linear_solve_p)(fold_linear_solve)
-register_fold_rule(P.pad_p, deferred=True)(fold_pad)
-
-# Rules that leave an equation whose inputs are all known (and not lazy) to
-# the default policy: such equations may be folded with a call's known part
-# (see calls.known_part). ``fold_cond`` inlines the known branch instead.
-for _rule in (fold_jit, fold_checkpoint, fold_scan, fold_while, fold_dot_general, fold_pad):
-    _rule.known_by_default = True
+from . import builtins  # noqa: F401  (registers pejit's support for JAX's primitives)
+from .registry import register_fold_rule as register_fold_rule
+from .registry import register_primitive as register_primitive

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 from jax.extend.core import Literal
-from jax.extend.core import primitives as P
 
 from ... import _compat
-from ..._fold import _cost, _known
+from ..._fold import _cost
 from ..._fold._folding import Folder, NeedsValue, replay
 from ._hoist import hoist_consts
 
 
-@_known.register_saving_rule(P.cond_p)
 def known_index_saving(eqn, known: set, producers: dict, nested: bool) -> _cost.Cost:
     """What :func:`fold_cond` saves a call where the index is known: the ``cond`` itself
     (the branch runs inline, where XLA runs a conditional as a kernel of its own)."""

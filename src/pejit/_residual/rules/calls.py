@@ -12,7 +12,7 @@ import weakref
 from jax.extend.core import ClosedJaxpr
 
 from ... import _compat
-from ..._fold._fold_rules import fold_rules
+from ..._fold._fold_rules import fold_rules, known_by_default
 from ..._fold._folding import Folder, replay
 from ..._fold._primitives import CUSTOM_CALLS
 from ._hoist import hoist
@@ -113,8 +113,7 @@ def _folded_whole(prim) -> bool:
     """Whether the folding trace folds ``prim`` on known inputs by its default policy."""
     if prim.name in CUSTOM_CALLS:
         return False
-    rule = fold_rules.get(prim)
-    return rule is None or getattr(rule, "known_by_default", False)
+    return prim not in fold_rules or prim in known_by_default
 
 
 def fold_checkpoint(folder: Folder, trace, prim, args, params):

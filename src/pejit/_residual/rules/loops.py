@@ -36,7 +36,7 @@ from typing import Any
 from jax.extend.core import ClosedJaxpr
 
 from ... import _compat
-from ..._fold._batch import nbytes
+from ..._fold._values import nbytes
 from ..._fold import _cost
 from ..._fold._folding import Folder, NeedsValue
 from ..._fold._primitives import custom_calls, subjaxprs

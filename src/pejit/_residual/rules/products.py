@@ -31,7 +31,7 @@ from jax import lax
 from jax.extend.core import primitives as P
 
 from ... import _compat
-from ..._fold import _cost, _known
+from ..._fold import _cost
 from ..._fold._folding import Folder
 
 
@@ -105,7 +105,6 @@ def _reassociate(folder: Folder, trace, args, params):
         return lax.dot_general(cd, z, (((1,), (0,)), ((), ())), **_options(params))
 
 
-@_known.register_saving_rule(P.dot_general_p)
 def reassociation_saving(eqn, known: set, producers: dict, nested: bool) -> _cost.Cost:
     """What :func:`_reassociate` saves a call on a product ``eqn`` of a jaxpr not folded yet."""
     c, v = _matrix_vector_vars(eqn, known)

@@ -22,6 +22,13 @@ from ... import _compat
 from ..._fold._folding import Folder
 
 
+def pad_needs_fold(eqn, known: set) -> bool:
+    """Whether a ``pad`` must be restaged (:func:`fold_pad`): a known operand, an unknown
+    padding value (a program that differentiates it could not be transposed)."""
+    operand, padding_value = eqn.invars
+    return operand in known and not isinstance(padding_value, _compat.Literal) and padding_value not in known
+
+
 def fold_pad(folder: Folder, trace, prim, args, params):
     """``pad(C, v)`` with ``C`` known and ``v`` not: ``select_n(mask, pad(C, 0), broadcast(v))``.
 
