@@ -4,12 +4,13 @@
 Differentiating the residual program the same way would be right, but the
 rules of the ``custom_jvp``/``custom_vjp`` calls it keeps (diffrax's and
 Equinox's loops, optimistix's implicit differentiation, ``jnp.logaddexp``)
-would run on the constants at every call: a gradient step through diffrax
-cost 10x the hand-folded one. So a call under a transformation (its
-dynamic arguments are tracers) hands JAX a ``custom_jvp`` call: its primal
-is the residual program, and its JVP rule is pejit's own specialization,
-at the same constants, of ``jax.jvp`` of the function (:func:`jvp_of`),
-which a child ``Pejitted`` of the function keeps. There JAX runs
+would run on the constants at every call, redoing at each gradient step
+the constant work the fold exists to remove. So a call under a
+transformation (its dynamic arguments are tracers) hands JAX a
+``custom_jvp`` call: its primal is the residual program, and its JVP rule
+is pejit's own specialization, at the same constants, of ``jax.jvp`` of the
+function (:func:`jvp_of`), which a child call path of the function keeps
+(``CallPath._derivative`` in ``pejit._calls._path``). There JAX runs
 the rules under the folding trace, where their constant work folds like
 any other: a ``custom_jvp`` rule and a ``custom_vjp`` forward rule on the
 known values, and the backward rule as the ``custom_lin`` equation that
@@ -19,7 +20,7 @@ Reverse mode is JAX's linearization of that rule, so ``jax.grad``,
 derivatives differentiate the child: forward mode through its own rule,
 folded the same way; linearization (partial evaluation) through its
 residual, since JAX 0.12 stages a ``custom_jvp`` call there whole, with no
-output known (``Pejitted._run``).
+output known (``CallPath._run``).
 
 A few of JAX's JVP rules cannot take a symbolic zero tangent beside a
 nonzero one (``lax.reduce`` of several operands reshapes every tangent;
@@ -89,7 +90,7 @@ def _partially_evaluated() -> bool:
     ``jax.linearize`` runs a JVP rule under partial evaluation (a
     ``JaxprTrace``), which needs no derivative rule, only the known outputs
     split from the tangents; since JAX 0.12 it stages a ``custom_jvp`` call
-    whole, with no output known, and the linearization fails. ``Pejitted._run``
+    whole, with no output known, and the linearization fails. ``CallPath._run``
     calls the residual there; under ``vmap``'s traces (``jax.jacrev`` of
     ``jax.jacfwd``), which pass the call on batched, so does this.
     """

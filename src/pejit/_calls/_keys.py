@@ -188,9 +188,9 @@ def unchanged(arrays: list[np.ndarray]) -> Callable[[], bool] | None:
     Read-only arrays nobody can write need no check; the others are compared
     with a copy of their bytes (by ``memcmp`` from :data:`MEMCMP_BYTES`), or a
     digest of them when large (:data:`SNAPSHOT_BYTES`). The check is
-    one generated expression (it runs on every call of a memo with NumPy
-    constants: 0.1 us per small array). It holds the arrays, so whoever has
-    it sees the same objects.
+    one generated expression, since it runs on every call of a memo with
+    NumPy constants. It holds the arrays, so whoever has it sees the same
+    objects.
     """
     guarded = [a for a in arrays if not immutable(a)]
     if not guarded:
@@ -264,8 +264,9 @@ def frozen_parts(value: Any) -> list[np.ndarray] | None:
     That is a tree of frozen containers (tuples, named tuples, frozen
     dataclasses: Equinox modules, Flax structs, MJX models) over unchangeable
     leaves and static values. The call's memo then checks those arrays' bytes
-    (0.1 us each) rather than the whole tree's key, whose flatten builds MJX's
-    static metadata anew (its model: 500 us a call).
+    rather than the whole tree's key: flattening such a tree can rebuild its
+    static metadata on every call (an MJX model does), which costs far more
+    than comparing a few arrays.
     """
     arrays, stack = [], [value]
     while stack:

@@ -226,9 +226,10 @@ class Specialization:
 
         XLA then specializes the program to their values: it folds what
         depends on them, turns gathers at known indices into slices, and
-        passes fewer buffers per call (an MJX rollout, whose model folds to
-        142 small constants: as fast as ``jax.jit`` with the model closed
-        over, 1.2x faster than with it passed). Each specialization compiles
+        passes fewer buffers per call (a model that folds to many small
+        constants, such as an MJX rollout's, then runs as fast as under
+        ``jax.jit`` with the model closed over, and faster than with it
+        passed). Each specialization compiles
         a program of its own, as ``jax.jit`` does for each closed-over value:
         only the first value of a structure does, the one a program serves
         until its constants change; later values share ``program.run``, so
@@ -236,8 +237,9 @@ class Specialization:
         program's point) and hold no executable each. The first call
         compiles it, the only program the first value compiles (the shared
         one is not compiled ahead for it, see
-        `pejit._calls._specializer.runner_ahead`: an MJX model's rollout
-        compiled three programs of 10 s each on its first call).
+        `pejit._calls._specializer.runner_ahead`: a large program compiles
+        for seconds, and a first call should compile it once, not once per
+        variant).
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """

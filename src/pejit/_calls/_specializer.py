@@ -255,7 +255,7 @@ def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree,
     """The runner of the residual as traced, its compile started on the worker.
 
     The residual is known once the folding program is traced, and its
-    compile (30 ms for a single ``add``) need not wait for the first value,
+    compile (tens of milliseconds even for a single ``add``) need not wait for the first value,
     whose evaluation leaves the second core idle. The runner serves if the
     first value's constants are passed as they are (no equal or uniform
     ones, see :func:`shared_program`); else it was a compile on the spare core.
