@@ -269,9 +269,9 @@ def run_chain(recipes: Sequence[Any], env: dict, outputs: Sequence[Any], chain: 
     return [final[slot[last_outs.index(v)]] for v in outputs]
 
 
-#: Steps of a chain that :class:`LoopsAhead` runs on the worker at once:
-#: what a batch has left to run after the trace (about 7 ms of the issue's
-#: ``sin(c) * 1.001 + 0.5`` on 256x256), against a hand-off per chunk.
+#: Steps of a chain that :class:`LoopsAhead` runs on the worker at once: what
+#: a batch may have left to run after the trace, few enough to be quick, many
+#: enough that a hand-off per chunk costs little beside them.
 AHEAD_STEPS = 32
 
 
@@ -290,8 +290,8 @@ class LoopsAhead:
     length, so it can be compiled as soon as the trace has recorded enough
     linked runs of one structure to roll and compile: the batch that evaluates
     the chain then finds it compiled, where it would otherwise compile it
-    first (35-60 ms of the 0.35 s fold of ``K = 1000`` steps of
-    ``sin(c) * 1.001 + 0.5`` on a 256x256 constant). The trace cuts runs
+    first (a compile is a noticeable share of a short chain's fold, such as
+    ``K`` steps of ``sin(c) * 1.001 + 0.5`` on a constant). The trace cuts runs
     as :func:`pejit._fold._plan.plan_batch` does and asks its cost model,
     and guesses the rest (that nothing but the carry is read outside the
     steps): a wrong guess costs the worker a compilation (and the steps it
@@ -310,10 +310,9 @@ class LoopsAhead:
     the trace records the next: the batch (:func:`run_chain`, given this
     object) then runs only the steps after the last the worker ran, where
     its chain starts with the very recipes the worker ran. Each step is the
-    same program either way, so the values are too. Issue 48's chain of
-    ``K = 1000`` steps on 256x256 computed its loop for 0.22 s (on two
-    cores) after a 1 s trace; computed during the trace, beside it, the
-    first result came 0.1-0.2 s sooner (1.16-1.34 s against 1.34-1.43 s).
+    same program either way, so the values are too. A long chain's trace
+    takes longer than its loop, so the loop, run beside the trace on the
+    spare core, is mostly done when the batch starts.
     """
 
     def __init__(self, ahead: Callable[[Any], Callable[[Sequence[Any]], Any]],

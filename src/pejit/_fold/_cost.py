@@ -371,9 +371,9 @@ def reassociation_pays(m: int, k: int, n: int) -> bool:
 
 
 # -- once: how the fold evaluates known work ---------------------------------------------
-# Orders of magnitude measured with JAX 0.10.2 on a 2-core x86 CPU: a 50-equation
-# elementwise chain compiles in 0.1-0.3 s; one primitive on new types compiles in
-# 30-70 ms the first time a process evaluates it.
+# Orders of magnitude on a CPU, which the constants below encode: an elementwise
+# chain of tens of equations compiles in tenths of a second; one primitive on new
+# types compiles in tens of milliseconds the first time a process evaluates it.
 
 #: Python dispatch of one primitive on cached executables.
 DISPATCH_SECONDS = 40e-6

@@ -66,20 +66,19 @@ class DeviceProfile:
     kernel_seconds: float = 5e-6
 
 
-#: Measured on a 2-core x86 CPU, JAX 0.10.2: host memory traffic is slow
-#: (an eager add on 2048x2048 float32 takes ~10 ms), intermediates up to
-#: 1 MiB stay in cache, a region's ``jax.jvp`` compiles for seconds past
-#: 8e9 FLOPs of build, the host builds TFC's full-size WaveEquation2D region
-#: (1.8e11 FLOPs) in about a second. Per call, a FLOP of elementwise work costs
-#: about as much as a byte read, and a kernel of its own (a product, a LAPACK
-#: call) a few microseconds: TFC's ODE's 100x29 float64 matrix-vector product
-#: costs about as much again to launch as to compute.
+#: A CPU: host memory traffic is slow (an eager elementwise op on large
+#: arrays is bound by it), intermediates up to ``cached_bytes`` stay in cache,
+#: a region's ``jax.jvp`` compiles for seconds past ``build_flops`` of build,
+#: and the host builds a region of a hundred times as many FLOPs in about a
+#: second. Per call, a FLOP of elementwise work costs about as much as a byte
+#: read, and a kernel of its own (a product, a LAPACK call) a few microseconds
+#: to launch: as much again as a small matrix-vector product takes to compute.
 CPU = DeviceProfile("cpu", host_is_device=True, bandwidth=2e9, cached_bytes=2**20, build_flops=8e9,
                     host_build_flops=1e12)
 #: An accelerator: device memory is fast (fusing saves little), the host is
 #: across a link. The host's build is the CPU's, its inputs copied over. Per
 #: call, the CPU's weights of FLOPs, bytes and kernels against each other (no
-#: accelerator has measured its own here).
+#: accelerator's own are calibrated here).
 GPU = DeviceProfile("gpu", host_is_device=False, bandwidth=5e11, cached_bytes=0, build_flops=8e9,
                     host_build_flops=1e12, flops_per_second=1e12, bytes_per_second=1e12, kernel_seconds=5e-9)
 TPU = dataclasses.replace(GPU, platform="tpu")

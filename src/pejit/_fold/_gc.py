@@ -2,11 +2,10 @@
 
 A fold allocates hundreds of thousands of small objects (tracers, equations,
 recipes) that live until it ends, while JAX's own modules keep the heap
-large; each full collection walks all of it. On the bench's case 9 the
-collector took 0.34 s of the call-time form's 2.85 s first result (0.23 s
-of the TFC form's), for nothing: what a fold frees it frees by reference
-counting (its arrays included), and peak memory did not grow with the
-collector off (TFC's full-size WaveEquation2D: 1.32 GB against 1.38 GB).
+large; each full collection walks all of it, a noticeable share of a
+first value's time, for nothing: what a fold frees it frees by reference
+counting (its arrays included), so peak memory does not grow with the
+collector off.
 
 The collector is restored as it was when the fold ends, however it ends,
 and collects as usual from the next allocation on; a fold inside a fold

@@ -1,10 +1,10 @@
 """Folding on the host: NumPy rules for primitives whose result it computes exactly.
 
 Evaluated eagerly, each JAX primitive compiles an XLA program the first time
-it meets a new shape, about 30 ms on a CPU. A fold of a TFC program meets a
-hundred such pairs (broadcasts, transposes, products of a basis with a
-coordinate, ...), and those compiles were half of its time to the first
-result, more than compiling the whole function with ``jax.jit``. On a CPU
+it meets a new shape, tens of milliseconds on a CPU. A fold of a TFC
+program meets a hundred such pairs (broadcasts, transposes, products of a
+basis with a coordinate, ...), whose compiles together would cost more than
+compiling the whole function with ``jax.jit``. On a CPU
 the arrays are NumPy's already, so the rules here evaluate those primitives
 with NumPy instead: no compile, the same bits.
 
@@ -14,8 +14,8 @@ dtype; comparisons and selection; the correctly rounded IEEE operations
 (``+ - *``, negation, ``max``, ``min``, conversions between floating types)
 on floats, a sum with zeros being the other term itself; the same
 operations on integers, which wrap on overflow in NumPy's array loops as
-in XLA (``jnp.eye`` adds an offset to an ``iota``: a 40 ms compile of an
-``add`` in ``jacfwd``), and their remainder but by 0 and -1; and a matrix
+in XLA (``jnp.eye`` adds an offset to an ``iota``: otherwise a compile of
+an ``add`` in ``jacfwd``), and their remainder but by 0 and -1; and a matrix
 product with an identity matrix (``jacfwd``'s basis pushed through
 ``H @ xi``), which only moves the other operand, or with zeros. Not
 division (XLA divides by a broadcast scalar through its reciprocal;
@@ -116,10 +116,9 @@ def remembering() -> Iterator[None]:
     """Within, each check of an array's values (finite, no ``-0.0``, rows of
     an identity) reads it once.
 
-    Derivative code meets the same arrays again and again: TFC's full-size
-    PDE checked ``jacfwd``'s 651x651 identity 449 times, and half of its 635
-    finiteness checks were of arrays checked before, 0.28 s of reading
-    beside the fold's arithmetic. A fold never writes into an array it
+    Derivative code meets the same arrays again and again: ``jacfwd``'s
+    identity matrix is checked by every product it feeds, and the same
+    tangents for finiteness by every rule that reads them. A fold never writes into an array it
     holds, so what a check found stays true while the array lives; the
     user's arrays may change between folds, so nothing is kept past one.
     """
@@ -160,8 +159,8 @@ def add_or_sub(ufunc: Callable) -> Callable:
     (the subtrahend) holds only zeros, the other, not computed again.
 
     Derivative code adds the materialized zeros of symbolic tangents to its
-    tangents: TFC's full-size PDE folds about 700 sums of 1331x651 arrays
-    with a zero term, a second of writing copies before this rule. ``x + 0`` is ``x`` bit for
+    tangents, a PDE's fold hundreds of large sums with a zero term, each of
+    which would otherwise write a copy. ``x + 0`` is ``x`` bit for
     bit but for ``-0.0 + +0.0``, which is ``+0.0``: so ``x`` is the sum
     where it holds no ``-0.0`` (one read, nothing written), or where the
     zero added is ``-0.0`` (``x + -0.0`` is ``x``); ``+0.0`` added to only
@@ -328,9 +327,9 @@ def times_identity(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     other, else None.
 
     ``jax.jacfwd`` pushes the whole identity through a product; the affine
-    collapse's Jacobian pushes its unit vectors a batch at a time (at 15^3
-    points and 1000 functions, the TFC PDE's collapse spent 14 s in such
-    products). Each entry is ``x * 1`` plus zeros, exactly ``x``, unless
+    collapse's Jacobian pushes its unit vectors a batch at a time (on a large
+    PDE, such products would otherwise be most of the collapse's work).
+    Each entry is ``x * 1`` plus zeros, exactly ``x``, unless
     the other matrix holds an infinity or a NaN (``inf * 0`` is NaN): then
     it is None too. ``+ 0`` gives the zero a sum
     gives, ``+0.0``: the other matrix's entries themselves where they hold
@@ -459,10 +458,9 @@ PUT_ONCE_BYTES = 2**16
 def to_jax_once(x: Any, puts: dict) -> Any:
     """:func:`to_jax` of ``x``, the same ``jax.Array`` for equal small NumPy
     values: ``puts`` (one per fold) holds them by content. A fold meets the
-    same few again and again: TFC's full-size WaveEquation2D made 687 scalars
-    while it traced (most of them zeros and ones) and handed its kernels its
-    1331-point grids 248 times, each ``device_put`` 100-130 us beside the
-    worker's kernels; now 4 and 2."""
+    same few again and again (the zeros and ones its trace makes, the grid
+    its kernels read, handed to each of them), and each ``device_put`` costs
+    about as much as a small kernel."""
     if not isinstance(x, (np.ndarray, np.generic)) or x.nbytes > PUT_ONCE_BYTES:
         return to_jax(x)
     key = (x.dtype, x.shape, x.tobytes())

@@ -101,8 +101,8 @@ class Memo:
         :meth:`pejit._fold._offload.Kernels.early`). Where other inputs are not
         concrete (a folding program's abstract constants), the recipe keeps
         reading the broadcast: a batch hands a kernel on constants alone to
-        the worker at its start, ahead of its turn (the full-size TFC PDE's
-        call-time form peaked twice as high otherwise)."""
+        the worker at its start, ahead of its turn (a large PDE's call-time
+        form would otherwise peak far higher in memory)."""
         var = self._var(x)
         key = None if var is None else self._uniform.get(var)
         if key is None:

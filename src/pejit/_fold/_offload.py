@@ -5,10 +5,10 @@ the NumPy host rules one equation after the other. A kernel that no host
 rule covers and that JAX runs as a call into native code (TFC's basis
 ``H``, a custom call into its C++ library) then waits for everything before
 it, though its inputs were known long before, and the arithmetic after it
-waits for the kernel, though most of that arithmetic reads older values. On
-TFC's full-size PDE the 79 ``H`` calls took 3.7 s of an 8.4 s batch, next
-to 4.7 s of NumPy on the tangents of ``jacfwd``, after a 1.8 s trace, with
-the second core idle.
+waits for the kernel, though most of that arithmetic reads older values.
+Where such kernels are a large share of the batch (TFC's basis on a
+full-size PDE, beside the NumPy arithmetic on its tangents), the second
+core sits idle through all of it.
 
 Compiled, such a kernel runs in XLA without the GIL, and NumPy's loops
 release it too. So :class:`Kernels` hands each kernel to one worker thread
@@ -26,10 +26,10 @@ configuration (``jax.enable_x64`` is per thread).
 Smaller kernels, and those whose inputs the trace does not know yet, are
 computed by their batch, but their programs need not wait for it:
 :meth:`Kernels.warm` has the worker compile each as the trace records it,
-which JAX's eager dispatch would do at the batch, 30-40 ms per primitive
-and input type. A chain of 1000 ``sin``/``*``/``+``/``cos`` on a constant
-256x256 matrix spent 80 ms of its 0.4 s fold compiling ``sin`` and ``cos``
-after a 0.13 s trace; the worker now compiles them during it.
+which JAX's eager dispatch would do at the batch, tens of milliseconds per
+primitive and input type: a short fold's first value can otherwise spend a
+large share of its time compiling a few primitives, which the worker
+compiles while the trace runs.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from ._primitives import (
 from ._values import value_key
 
 #: Bytes of results handed out and not yet read by the batch: how far the
-#: worker may run ahead (TFC's 15^3-point PDE: 27 MB per ``H``).
+#: worker may run ahead (room for several large basis kernels' results).
 AHEAD_BYTES = 256 * 2**20
 
 #: Smaller outputs are computed in place: a hand-off costs tens of
@@ -163,7 +163,7 @@ class Kernels:
     def warm(self, recipe) -> None:
         """Compile ``recipe``'s program on the worker now, if its batch would
         compile it on its own: JAX compiles each primitive (each ``jnp.sin``)
-        for each input type the first time it runs, 30-40 ms apiece on a CPU,
+        for each input type the first time it runs, tens of milliseconds apiece,
         and the trace, which records ``recipe`` long before its batch runs,
         is pure Python that the compiler (which releases the GIL) need not
         wait for. The batch then runs that program (see :meth:`take`)."""

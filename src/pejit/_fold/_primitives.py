@@ -56,11 +56,10 @@ ELEMENTWISE = frozenset(
 #: expansion read only by them is recomputed inside their loop, for free.
 #: Any other consumer (``dot_general``, custom calls such as LAPACK's, loops,
 #: calls) reads its operands from memory, so the expansion would be written
-#: out and read back on every call, and is stored instead. Measured here
-#: (JAX 0.10.2, CPU, 1331x650 float32, the shape of TFC's basis tangents
-#: ``zeros + H * ones``): feeding a ``dot_general``, recomputing costs 2.9x
-#: reading a stored constant (0.43 vs 0.15 ms per call); feeding an ``add``,
-#: 0.86x (0.42 vs 0.49 ms).
+#: out and read back on every call, and is stored instead. (On a CPU, for an
+#: expansion like TFC's basis tangents ``zeros + H * ones``: feeding a
+#: ``dot_general``, recomputing costs several times reading a stored
+#: constant; feeding an ``add``, a little less than reading it.)
 FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
     [
         P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
@@ -70,12 +69,10 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 )
 
 #: Fusible primitives that a fused run must start with, by name: XLA:CPU
-#: evaluates these trigonometric functions 2-3x more slowly when their input
-#: is computed in the same fused loop (a 2048x2048 chain of ``sin(cos(c) *
-#: a + b)`` steps: 0.37 s as one program, 0.13 s as one program per step,
-#: JAX 0.10.2), and at least as fast as standalone kernels when the loop
-#: starts at them (``sin(c) * a + b`` steps: 0.36 s as one program of 50,
-#: 0.69 s op by op). See :func:`pejit._fold._plan.plan_batch`.
+#: evaluates these trigonometric functions several times more slowly when
+#: their input is computed in the same fused loop (a chain of ``sin(cos(c) *
+#: a + b)`` steps as one program against one program per step), and at least
+#: as fast as standalone kernels when the loop starts at them. See :func:`pejit._fold._plan.plan_batch`.
 FUSED_FIRST = frozenset(["sin", "cos", "tan"])
 
 #: Primitives that run Python the program may never run: folded only where the
@@ -194,7 +191,7 @@ def jaxpr_key(jaxpr):
     the same way: its equations (primitives, parameters, which values they read,
     literals by their bits) and types, up to the names of its variables, and
     not its source information. A closed jaxpr with constants, and one whose
-    parameters cannot be hashed, is its own key (identity), as before.
+    parameters cannot be hashed, is its own key (identity).
 
     Examples:
       >>> import jax

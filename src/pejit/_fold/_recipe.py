@@ -28,8 +28,8 @@ class Recipe:
     batch runs them in that order (see :meth:`pejit._fold._store.Store.pending`). ``params_key``
     is ``params`` as part of a key (:func:`pejit._fold._primitives.params_key`),
     computed once: the fold, the worker's kernels and the batch's programs
-    each key the recipe by it (9 us apiece for a ``jnp`` call's eleven
-    parameters).
+    each key the recipe by it, and building it from a ``jnp`` call's many
+    parameters is not free.
     """
 
     prim: Any

@@ -27,20 +27,17 @@ REMAT_BYTES = 2**20
 REMAT_GAP = 32
 REMAT_DEPTH = 3
 #: Bytes of such values a batch holds before it drops the one read farthest
-#: ahead, unless it holds them all (HOLD_ALL). WaveEquation2D at full size,
-#: before HOLD_ALL: 65 recomputations of TFC's basis, 2.7 s; with none held,
-#: 92 and 3.4 s; 294 MiB live at most against 393 MiB.
+#: ahead, unless it holds them all (HOLD_ALL): a budget held computes fewer
+#: again than none held, and still bounds what they cost in memory.
 REMAT_HELD = 128 * 2**20
 #: Such values are all held (none computed again) when that is at most
 #: this many bytes at once, and the batch trims the heap as it runs (see
-#: pejit._fold._trim): WaveEquation2D at 15^3 points holds 129 MiB (TFC
-#: form) and 335 MiB (call-time form) at most.
+#: pejit._fold._trim): a large PDE's such values fit, in either API form.
 HOLD_ALL = 640 * 2**20
 #: Or when that is at most this many times the bytes the batch holds at
 #: once anyway: its outputs (to its end), or the values one of its
-#: equations reads. The call-time form's first value of the bench's PDE at
-#: 15^3 points holds 824 MiB of them; its last equation, the affine
-#: collapse, reads 2306 MiB.
+#: equations reads: the peak is then set by what the batch holds anyway
+#: (a PDE's affine collapse alone reads more than all its such values).
 HOLD_KEPT = 1.0
 #: How many equations ahead of its read a dropped value is computed again on
 #: the worker (see Refolds.prefetch).
@@ -53,10 +50,10 @@ class Refolds:
     The fold records the same known work once (:class:`pejit._fold._memo.Memo`), so
     TFC's basis at a zero coordinate, ``H(zeros_like(x), y, t)``, is one
     value that derivatives read from the start of the batch to its end:
-    the full-size WaveEquation2D held 53 such 1331x651 arrays, and their
-    transposes and products, at once (690 MiB live against 155 MiB when
-    each read computed its own), in a batch ordered target by target; in
-    the trace's order (``Store.pending``), 33 MiB at most. Such a value
+    a PDE's fold holds dozens of such large arrays, and their transposes
+    and products, at once, several times the memory of computing each at
+    its read (fewer in the trace's order, ``Store.pending``, than target by
+    target). Such a value
     (one output, defined by at most :data:`REMAT_DEPTH` equations from
     constants or small values from before the batch) is dropped, the one
     read farthest ahead first, while more than :data:`REMAT_HELD` bytes of
@@ -68,8 +65,8 @@ class Refolds:
     bytes one of its equations reads (times :data:`HOLD_KEPT`; ``trims``):
     then none is dropped, and the batch trims the heap as it runs
     (:mod:`pejit._fold._trim`), which keeps the process's memory near what
-    it holds. The full-size WaveEquation2D then computed none of its 65
-    values again, and its first result came 15-20% sooner. The outputs are
+    it holds: nothing is computed again, and the first value comes sooner.
+    The outputs are
     held to the batch's end, and an equation's inputs all at once,
     whatever the batch drops; ``jax.jit``'s program holds these values
     from their first read to their last too (XLA does not compute them
@@ -173,9 +170,9 @@ class Refolds:
         :data:`REMAT_LEAD` equations after ``position``: the folding thread
         then finds them computed, as it finds the kernels the worker ran
         (see :mod:`pejit._fold._offload`), instead of computing them at the
-        read. A dropped value they read is computed with them (on
-        WaveEquation2D at full size, 20 of the 65 values computed again
-        read another dropped one: they were computed at the read, 0.5 s).
+        read. A dropped value they read is computed with them: values
+        computed again often read another dropped one, which would otherwise
+        be computed at the read, on the folding thread.
 
         Only what runs the same on any thread goes: a kernel lowered here
         (under this thread's configuration: ``jax.enable_x64`` is per

@@ -82,8 +82,8 @@ def _asked_only_to_skip_a_conversion() -> bool:
     It asks only to choose between returning a value whose type already
     matches and binding a no-op conversion, which give the same value.
     ``jax.jacfwd`` converts its whole Jacobian so; answering by evaluating
-    it materialized the fold mid-trace (TFC's full-size PDE: a batch keeping
-    3.8 GB, then 1119 of its equations recomputed for the residual).
+    it materialized the fold mid-trace (a PDE's whole Jacobian evaluated and
+    held, then its equations computed again for the residual).
     """
     frame, asked = sys._getframe(2), None
     while frame is not None and frame.f_code in _compat.IS_CONCRETE_CODE:

@@ -6,10 +6,9 @@ computed again; see :mod:`pejit._fold._offload`). glibc's ``malloc`` keeps
 what is freed for later allocations from the same arena, one per thread, and
 a value the worker allocated returns to the worker's arena when the folding
 thread drops it. The process's resident memory then grows to the sum of the
-arenas' high-water marks, not to what the batch holds at once: TFC's
-full-size WaveEquation2D rose to 1330 MiB holding every value it would
-otherwise compute again, against 1001 MiB for ``jax.jit``'s whole program.
-``malloc_trim`` hands the free pages back (each call a few milliseconds), so
+arenas' high-water marks, not to what the batch holds at once, and a fold
+that holds the values it would otherwise compute again can peak above
+``jax.jit``'s whole program. ``malloc_trim`` hands the free pages back (each call a few milliseconds), so
 the batch can hold those values within its memory budget instead of
 computing them again (:mod:`pejit._fold._refold`).
 
@@ -24,9 +23,10 @@ import functools
 import time
 from collections.abc import Callable
 
-#: Seconds of a batch between two trims (5-7 ms each on the full-size
-#: WaveEquation2D): every 0.1 s it peaked at 1219 MiB, every 0.05 s at
-#: 1161-1166 MiB, every 0.025 s at 1159-1179 MiB, in as much time.
+#: Seconds of a batch between two trims: often enough that the arenas do not
+#: climb far between them, rarely enough that the trims (milliseconds each)
+#: stay a small share of the batch; trimming more often lowers the peak no
+#: further.
 PERIOD = 0.05
 
 

@@ -1,10 +1,10 @@
 """Folded values by content: uniform arrays, equal arrays, and keeping them small.
 
 Derivative code folds to many copies of the same arrays, most of them zeros
-or ones (TFC's basis tangents: ``zeros + H * ones``). Measured on case 9 of
-the bench (the 3-D wave equation, 6^3 points, 100 functions), the batch that
-computes the Jacobian keeps 1296 values (188 MiB) for later batches; 572 are
-uniform and the other 724 hold 179 distinct contents (29 MiB). A
+or ones (TFC's basis tangents: ``zeros + H * ones``): of the values a
+PDE's Jacobian keeps for later batches, many are uniform and most of the
+others equal another, so the distinct contents are a small share of the
+bytes. A
 :class:`Compactor` keeps each value as it is produced: a uniform one as a
 NumPy broadcast of its one element (no memory), an equal one as the array
 seen first, so the fold holds what is distinct, not the sum.
