@@ -58,9 +58,9 @@ from .._fold._cost import eqn_flops
 # compiled, ``build_flops`` (8e9 on a CPU: about a second, the order of folding
 # the ``inv`` and ``cholesky`` of a 1000x1000 matrix); by the host
 # (``pejit._residual._linear``: NumPy's BLAS, nothing compiled, concrete
-# constants), ``host_build_flops``: TFC's full-size WaveEquation2D region (651
-# inputs, 2.8e8 estimated FLOPs per call: 1.8e11 to build) builds in about a
-# second, and its residual then runs 60 times faster.
+# constants), ``host_build_flops``: a large PDE's region, whose build takes
+# hundreds of times the FLOPs a call takes, builds in about a second, and its
+# residual then runs an order of magnitude or more faster.
 
 #: Memory the fold-time Jacobian may use at once (the region is evaluated
 #: on this many basis vectors together).

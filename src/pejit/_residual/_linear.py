@@ -60,9 +60,8 @@ KNOWN_BYTES = 64 * 2**20
 #: tangents hold at least this many elements in all (unit vectors times the
 #: elements of the region's values). Each pass over the region costs tens
 #: of microseconds per equation in Python, and two threads on memory-bound
-#: NumPy loops gain little: TFC's PDE at 8^3 points (10^8 elements) took
-#: 0.10-0.15 s in one pass and 0.25 s shared, at 11^3 points (1.1 x 10^9)
-#: 0.61-0.69 s and 0.68-0.86 s, at 15^3 points (4.5 x 10^9) 3.6 s and 2.9 to 3.2 s.
+#: NumPy loops gain little: sharing pays only once the NumPy work dwarfs the
+#: extra pass's Python, at billions of elements; below, it costs time.
 SHARED_ELEMENTS = 2 * 10**9
 
 
@@ -88,12 +87,11 @@ def _with_zeros(ufunc, args) -> np.ndarray:
     a sum is the other operand, a product of finite values is zeros, one
     zero broadcast (so that what reads it skips its work in turn).
 
-    The zeros are a folded constant, compacted (the full-size TFC PDE's
-    collapse multiplied and added 300 of them to 651x1331 tangents, 0.4 s),
-    or a constant of zeros as the fold computed it, read here when it is
-    small beside the result: at 15^3 points the collapse multiplied 328x3375
-    tangents by 352 constants of 3375 zeros and then added and subtracted
-    the products. The signs of zeros are not kept, as the collapse does not
+    The zeros are a folded constant, compacted (a PDE's collapse multiplies
+    and adds hundreds of them to its tangents), or a constant of zeros as
+    the fold computed it, read here when it is small beside the result (a
+    batch of tangents times a vector of zeros, whose products are then
+    added and subtracted). The signs of zeros are not kept, as the collapse does not
     keep rounding (see the module docstring)."""
     shape = np.broadcast_shapes(*(np.shape(a) for a in args))
     small = math.prod(shape) // 8
@@ -267,8 +265,8 @@ class _Known:
     """A region's values at zero, by equation (a call's body's under
     :meth:`body`), kept from the first batch of unit vectors for the others
     while they fit in the ``room`` (bytes, shared with the bodies): they do
-    not depend on the unit vectors. At 15^3 points the TFC PDE's collapse
-    computed them again for each of its 4 batches, 1 s of its 6.9 s."""
+    not depend on the unit vectors, and computing them again for each batch
+    is a large share of a large collapse."""
 
     def __init__(self, room: list[int]):
         self.room = room
@@ -391,7 +389,7 @@ def _collect(future, chunk, lo: int, hi: int) -> list[np.ndarray]:
     return chunk(lo, hi)[1]
 
 
-@_host.remembering()  # each batch of unit vectors reads the same constants: checked once (15^3: 2.7 s saved)
+@_host.remembering()  # each batch of unit vectors reads the same constants: checked once
 def jacobian(sub, consts: Sequence[Any], sources: Sequence[Any], batch: int) -> list[tuple[Any, Any]] | None:
     """``(columns, c)`` per output of ``sub``: the output is ``columns.T @ concat(sources, flattened) + c``.
 

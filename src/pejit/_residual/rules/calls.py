@@ -30,9 +30,9 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     Otherwise a call marked ``inline=True`` (every ``jax.numpy`` function)
     is replayed whole, as JAX inlines it: each of its known
     equations is then one fold, and equal folds are found across calls
-    (derivative code recomputes the same known work in many calls: TFC's
-    full-size PDE found 2029 equal folds so, against 885 with a known part
-    per call, and its first result took 9 s instead of 11). Any other
+    (derivative code recomputes the same known work in many calls, and a
+    known part per call would hide most of those equal folds from each
+    other). Any other
     call's equations on known inputs alone fold as one recipe
     (:func:`known_part`), which spares the trace of each, and the rest is
     replayed.

@@ -276,7 +276,7 @@ def fold_linear_solve(folder: Folder, trace, prim, args, params):
     so it is the inverse the solve computes), and the residual keeps one
     matrix-vector product where it kept the solve (``jnp.linalg.solve``'s
     pivoting and two triangular solves per call: XLA:CPU runs a
-    triangular solve on a vector about 10x slower than a product). The
+    triangular solve on a vector many times slower than a product). The
     derivatives agree: the solve is linear in the vector, and the operator
     is a constant. A vector that is itself ``C @ y`` for a known ``C`` is
     solved as ``(A^-1 C) @ y``: a vector field ``solve(M, K @ y)`` costs
