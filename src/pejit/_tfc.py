@@ -36,13 +36,13 @@ class BoundPejitted:
 
     Its constants never change, so when nobody can write them (``jax.Array``,
     read-only NumPy arrays as TFC's grids are, scalars, strings, None) and
-    the folded ones are small (``pejit._calls._program.INLINE_BYTES``, 1 MiB), the call
+    the folded ones are small (``pejit._fold._cost.INLINE_BYTES``, 1 MiB), the call
     is one ``jax.jit`` function of the non-constant arguments, the residual
     inside with its constants compiled in: ``jax.jit``'s C++ dispatch alone,
-    no Python on the way (TFC's PDE step at 6^3 points: 0.92-1.01x the
-    hand-folded ``M @ xi + c`` per call, where the generated dispatch,
-    ``CallPath.dispatcher`` with the constants bound, costs 1.31-1.34x;
-    bench case 15). A new type traces it again, and that trace specializes.
+    no Python on the way, so that a small step (TFC's PDE step, a
+    hand-folded ``M @ xi + c``) costs per call what it costs by hand, where
+    the generated dispatch, ``CallPath.dispatcher`` with the constants
+    bound, would add a Python call to each (bench case 15 checks it). A new type traces it again, and that trace specializes.
 
     Examples:
       >>> import jax.numpy as jnp

@@ -453,5 +453,5 @@ def _loop(structure, kept):
 
 
 def clearprograms() -> None:
-    """Forget the compiled programs (``pejit._fold._batch.clearprograms`` calls this)."""
+    """Forget the compiled programs (``pejit._fold._batch.clear_programs`` calls this)."""
     programs.clear()
