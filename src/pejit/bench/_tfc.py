@@ -73,7 +73,7 @@ def basis_utfc(spec: dict) -> dict:
 
 
 def pde_problem(n: int, m: int):
-    """A TFC PDE least squares (issue 13): the 3-D wave equation on an ELM basis.
+    """A TFC PDE least squares: the 3-D wave equation on an ELM basis.
 
     ``u_xx + u_yy - u_tt / 4 = 0`` on ``[0,1]^3`` with ``u = 0`` on the
     x and y faces, ``u = sin(pi x) sin(pi y)`` and ``u_t = 0`` at ``t = 0``,
@@ -117,7 +117,7 @@ def pde_problem(n: int, m: int):
 
 def wave_problem(n: int, m: int):
     """TFC's own example, ``WaveEquation2D.py`` (Carl Leake's dissertation,
-    chapter 4), in its author's formulation (issue 48), written anew here.
+    chapter 4), in its author's formulation, written anew here.
 
     The same 3-D wave equation as :func:`pde_problem`, spelled as the
     example spells it: the boundary terms evaluate the basis at

@@ -107,10 +107,9 @@ def case1(ctx: Context) -> dict:
     jit_args = jax.jit(programs.linsolve)
     pj = pejit(programs.linsolve, constant_argnums=0)
     hand = jax.jit(programs.linsolve_folded)
-    # Which 4 MB buffers the two matrix-vector products read changes their
-    # time by 10-20% from process to process (measured: the hand-folded
-    # program run on pejit's folded buffers is exactly as fast, or as slow,
-    # as pejit). So both are measured on four constant sets, each pair of
+    # Which buffers the two matrix-vector products read changes their time
+    # noticeably from process to process (the hand-folded program run on
+    # pejit's folded buffers is exactly as fast, or as slow, as pejit). So both are measured on four constant sets, each pair of
     # samples on the same set in the same round, and no variant is stuck
     # with one lucky or unlucky placement.
     As = [A] + [jnp.asarray(programs.linsolve_data(n, seed)[0]) for seed in (1, 2, 3)]
@@ -246,7 +245,7 @@ FOLD_GRID = ((256, 1000), (2048, 50), (2048, 200))
 
 def case4(ctx: Context) -> dict:
     """fold time: chains of K elementwise ops on an N x N constant, to the first
-    result: the light chain (``+ x``), then issue 48's as written (``@ x``)."""
+    result: the light chain (``+ x``), then the ``sin`` chain a user wrote (``@ x``)."""
     light = ["pejit", "one_program", "tfc"] + ([] if ctx.quick else ["pejit_eager", "pejit_compiled"])
     repeat = ctx.cold_repeat or (1 if ctx.quick else 3)
     out: dict[str, Any] = {}
@@ -407,15 +406,16 @@ PDE_SIZE = {True: (6, 100), False: (8, 150)}
 #: 11^3 points, 650 functions) and a larger one, so that the fold's cost
 #: growth is measured: first result, per call and peak RSS of every variant
 PDE_FULL_SIZES = {"full": (11, 650), "large": (15, 1000)}
-#: TFC's example as its author wrote it (``pejit.bench._tfc.wave_problem``,
-#: issue 48), beside the bench's formulation: at the quick or main size
+#: TFC's example as its author wrote it (``pejit.bench._tfc.wave_problem``),
+#: beside the bench's formulation: at the quick or main size
 #: (``wave2d``) and, in the full mode, at its own size (``wave2d_full``)
 PDE_EXAMPLE = {"wave2d": None, "wave2d_full": (11, 650)}
 
 
 #: Fresh processes per variant at the full sizes, interleaved: one slow
-#: process (the machine drifts by 20-40%) decided a target when there was one.
-#: TFC's own fold, 5-8x slower and far from its targets, runs once.
+#: process (a shared machine drifts by tens of percent) must not decide a
+#: target. TFC's own fold, several times slower and far from its targets,
+#: runs once.
 FULL_SIZE_REPEAT = {"pejit_call": 3, "pejit": 3, "jax.jit": 3, "tfc": 1}
 
 

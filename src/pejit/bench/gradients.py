@@ -1,4 +1,4 @@
-"""Case 16: what users differentiate (issue 63): gradient and training steps through
+"""Case 16: what users differentiate: gradient and training steps through
 diffrax, optimistix, Equinox and Optax, per step against the hand-folded step and ``jax.jit``.
 
 Each gradient is taken in both orders: ``pejit`` of a function that calls
@@ -48,7 +48,7 @@ def _check(fns: dict[str, Callable[[], Any]], ref: str, rtol: float) -> float:
 
 def _orders(f: Callable, consts: tuple, x, hand: Callable, folded: Any, closed: bool = True) -> dict:
     """The gradient of ``sum(f(*consts, x))`` w.r.t. ``x``: ``jax.jit`` (constants closed
-    over, as the issue writes it), pejit in both orders, and by hand (``hand(folded, x)``)."""
+    over, as users write it), pejit in both orders, and by hand (``hand(folded, x)``)."""
     nums = tuple(range(len(consts)))
     loss = lambda g: lambda *a: jnp.sum(g(*a))  # noqa: E731
     step = jax.grad(loss(f), argnums=len(consts))
@@ -63,13 +63,13 @@ def _orders(f: Callable, consts: tuple, x, hand: Callable, folded: Any, closed: 
 
 
 def diffrax_gradient(nonlinear: bool) -> tuple[dict, float]:
-    """The issue's diffrax program, its gradient w.r.t. ``y0``; ``nonlinear`` adds
-    ``0.1 sin(y)`` to the field (the issue's is linear: its gradient does not
+    """A user's diffrax program, its gradient w.r.t. ``y0``; ``nonlinear`` adds
+    ``0.1 sin(y)`` to the field (the user's is linear: its gradient does not
     depend on ``y0``, and pejit of the step folds it to a constant)."""
     import diffrax
 
     n = 200
-    M = jnp.eye(n) * 2 + 0.01  # the issue's constants
+    M = jnp.eye(n) * 2 + 0.01  # the user's constants
     K = jnp.eye(n) + 0.001
     extra = (lambda y: 0.1 * jnp.sin(y)) if nonlinear else (lambda y: 0.0)
 
@@ -234,8 +234,8 @@ def side_by_side(fns: dict[str, Callable[[], Any]], ref: str, calls: int, pairs:
 
     In one round of every variant, the one that runs after another pays for
     what that one leaves behind (``jax.jit``'s step, which factors a matrix on
-    every call, leaves threads and caches busy): the Equinox step folded by
-    pejit measured 1.2-1.6x the hand-folded step there, 1.01-1.05x side by side.
+    every call, leaves threads and caches busy), enough to make a step that
+    matches the hand-folded one side by side look markedly slower.
     """
     runs = {k: paired({k: fn, ref: fns[ref]}, ref, calls, pairs) for k, fn in fns.items() if k != ref}
     ratio = {k: r["ratio"][k] for k, r in runs.items()}
@@ -270,7 +270,7 @@ def _ratio(r: dict, variant: str, ref: str) -> float:
 
 
 def targets(results: dict, target: Callable) -> list:
-    """Case 16's targets (issue 63, items 2 and 3), as ``target(name, passed, detail)``."""
+    """Case 16's targets, as ``target(name, passed, detail)``."""
     out = []
     for name, r in results.get(16, {}).items():
         for variant, ref, limit in PROGRAMS[name][1]:

@@ -25,7 +25,7 @@ def _pde_targets(r: dict) -> list[Target]:
     steady, fold = r.get("steady") or {}, r.get("fold") or {}
     ratios, times = steady.get("ratios", {}), steady.get("times", {})
     out = []
-    # issue 25: the step is affine in xi, collapsed to one matrix in both API forms
+    # the step is affine in xi, collapsed to one matrix in both API forms
     for name, key, who, ref, limit in (("per call / TFC", "pejit", "pejit", "tfc", 1.05),
                                        ("per call / hand-folded", "pejit/hand", "pejit", "hand", 1.5),
                                        ("call-time form, per call / hand-folded", "pejit_calltime/hand",
@@ -34,7 +34,7 @@ def _pde_targets(r: dict) -> list[Target]:
         out.append(Target(f"case 9: {name} <= {limit}", None if r_ is None else r_ <= limit,
                           "n/a" if r_ is None else f"{_s(times[who])} / {_s(times[ref])}: {r_:.3f}"
                           " (median of ratios paired by round)"))
-    # the bench's formulation, and TFC's example as written (issue 48), at the main size
+    # the bench's formulation, and TFC's example as written, at the main size
     for case, rows in (("case 9", fold), ("case 9 wave2d", (r.get("wave2d") or {}).get("fold") or {})):
         if not rows:
             continue
@@ -44,7 +44,7 @@ def _pde_targets(r: dict) -> list[Target]:
                                                ("peak RSS increase / TFC's", "tfc", "peak_increase_bytes", 1.1,
                                                 mib)):
                 out.append(_ratio_target(f"{case}, {form}: {name} <= {limit}", rows, v, ref, key, limit, fmt))
-    for size in ("full", "wave2d_full", "large"):  # issues 35 and 48: at the sizes TFC's users run
+    for size in ("full", "wave2d_full", "large"):  # at the sizes TFC's users run
         out += _full_size_targets(f"case 9 {size} size", (r.get(size) or {}).get("fold") or {},
                                   FULL_SIZE_LIMITS["large" if size == "large" else "full"])
     errors = steady.get("max_rel_error_vs_tfc")
@@ -55,9 +55,8 @@ def _pde_targets(r: dict) -> list[Target]:
     return out
 
 
-#: Limits at the full sizes, both API forms (issue 48, items 2 and 4; issue 35's
-#: where it set none): TFC's example size and the bench's formulation at it,
-#: and the larger size (15^3 points, 1000 functions).
+#: Limits at the full sizes, both API forms: TFC's example size and the
+#: bench's formulation at it, and the larger size (15^3 points, 1000 functions).
 FULL_SIZE_LIMITS = {
     "full": (("first result / jax.jit's", "jax.jit", "seconds", 0.7, _s),
              ("first result / TFC's", "tfc", "seconds", 0.3, _s),
