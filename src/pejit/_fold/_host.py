@@ -26,7 +26,7 @@ one is the only difference left.)
 
 :func:`on_host` returns ``None`` whenever a rule does not apply (another
 backend, several devices, an unsupported dtype), and the caller binds the
-primitive as before. The table (:data:`HOST_RULES`) is keyed by primitive,
+primitive as it would without host rules. The table (:data:`HOST_RULES`) is keyed by primitive,
 one rule each, as the fold rules are, and filled where they are registered
 (:mod:`pejit._residual.rules.builtins`).
 """

@@ -143,7 +143,7 @@ def params_key(params: dict) -> tuple:
     identity: JAX's transformations give each call a body of its own, so
     that ``jnp.multiply`` of TFC's basis by the same weights, once in a
     derivative and once in the function itself, reads as two calls of two
-    bodies, and the fold computed it twice and held the basis in between.
+    bodies, and the fold would compute it twice and hold the basis in between.
     """
     return tuple(sorted([(k, _by_structure(v)) for k, v in params.items()]))
 

@@ -67,14 +67,14 @@ def known_part(closed, known: tuple[bool, ...], folder: Folder):
     the known inputs (``inputs``, their positions), as one closed jaxpr;
     ``rest`` takes the call's inputs and ``part``'s outputs. Replaying the
     rest alone skips, per equation of ``part``, what the trace costs (TFC's
-    basis calls mix known grids with unknown coefficients: the known
-    equations were half of a PDE's fold).
+    basis calls mix known grids with unknown coefficients, and their known
+    equations are a large share of a PDE's fold).
 
     An equation is in ``part`` when its inputs are, it has no effects, and
     the trace would fold it by the default policy anyway: an expansion that
     would stay lazy (``folder.expands``), ``cond`` (whose known branch is
     inlined) and primitives with fold rules that act on known inputs stay
-    in ``rest``, where the trace decides as before. Lazy inputs count as
+    in ``rest``, where the trace decides equation by equation. Lazy inputs count as
     unknown here.
     """
     per_body = _splits.setdefault(closed, {})
