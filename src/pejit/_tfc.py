@@ -42,7 +42,8 @@ class BoundPejitted:
     no Python on the way, so that a small step (TFC's PDE step, a
     hand-folded ``M @ xi + c``) costs per call what it costs by hand, where
     the generated dispatch, ``CallPath.dispatcher`` with the constants
-    bound, would add a Python call to each (bench case 15 checks it). A new type traces it again, and that trace specializes.
+    bound, would add a Python call to each (bench case 15 checks it). A new
+    type traces it again, and that trace specializes.
 
     Examples:
       >>> import jax.numpy as jnp

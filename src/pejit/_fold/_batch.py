@@ -313,7 +313,7 @@ def _stage(recipes, env, outputs) -> list[Any]:
     The equation is a ``folded_batch`` whose body is built from the recipes
     directly: their outputs' avals are known, so nothing is abstractly
     evaluated again, where binding each recipe on the outer trace would (a
-    tenth of a millisecond each: TFC's PDE stages thousands). Other values
+    fraction of a millisecond each, and a PDE's fold stages thousands). Other values
     become the equation's inputs, scalars literals; as in :func:`run_batch`,
     a recipe reads what an earlier recipe of the batch defined, else what
     ``env`` holds (a recipe may compute again a value an earlier batch kept).

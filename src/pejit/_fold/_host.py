@@ -83,9 +83,9 @@ def elementwise(ufunc: Callable) -> Callable:
 def _uniform(x: np.ndarray) -> bool:
     """Whether ``x`` is one element broadcast (as a broadcast rule or the
     fold's compactor keeps a uniform array): derivative code computes on
-    the zeros of its symbolic tangents, materialized; TFC's full-size PDE
-    adds, subtracts and transposes hundreds of 1331x651 zero arrays, which
-    XLA's simplifier removes from a compiled program."""
+    the zeros of its symbolic tangents, materialized; a PDE's fold adds,
+    subtracts and transposes hundreds of large zero arrays, which XLA's
+    simplifier removes from a compiled program."""
     return x.ndim > 0 and x.size > 0 and not any(x.strides)
 
 
@@ -280,10 +280,9 @@ def dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **_
     """A product with an identity matrix (see :func:`times_identity`) or with zeros.
 
     ``jax.jacfwd`` pushes the identity through every ``H @ xi`` of a
-    function linear in ``xi``: TFC's full-size PDE folds 285 such
-    1331x651 @ 651x651 products, 6 of its 20 seconds. Its derivative code
-    also multiplies by the zeros of symbolic tangents, materialized (549
-    products): the product of finite values with zeros is zeros, ``+0.0``
+    function linear in ``xi``: a PDE's fold computes hundreds of such large
+    products, a large share of its time. Its derivative code also
+    multiplies by the zeros of symbolic tangents, materialized: the product of finite values with zeros is zeros, ``+0.0``
     as XLA's sums give it, and stays one zero broadcast (see :func:`_uniform`).
     """
     (lc, rc), (lb, rb) = dimension_numbers
