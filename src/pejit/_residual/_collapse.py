@@ -2,7 +2,8 @@
 
 After folding, a residual equation whose inputs include a dynamic value stays,
 even when everything it does with that value is linear: TFC's PDE step
-``xi - lstsq(J, L(xi))`` leaves over a thousand such equations where one 101x101 matrix-vector product would do. :mod:`pejit._residual._affine` finds
+``xi - lstsq(J, L(xi))`` leaves over a thousand such equations where one
+101x101 matrix-vector product would do. :mod:`pejit._residual._affine` finds
 the *affine regions* of the residual program (equations that the rules in
 :mod:`pejit._residual.rules.affine` say are affine in their varying inputs, given which
 inputs are known, grouped into connected components) and the cut of each;
