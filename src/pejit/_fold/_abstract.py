@@ -58,7 +58,8 @@ def bind_known(prim, args: Sequence[Any], params: dict, outer=None) -> Any:
 
 #: Primitives whose eager evaluation runs their lowering op by op, each
 #: operation compiled alone: JAX 0.12's "hijax" primitives, ``jnp.nonzero(...,
-#: size=n)`` among them (a dozen or more compiles the first time). Evaluated as one compiled program instead.
+#: size=n)`` among them (a dozen or more compiles the first time). Evaluated
+#: as one compiled program instead.
 COMPILED_WHOLE = frozenset(["call_hi_primitive"])
 
 

@@ -282,8 +282,9 @@ def dot_general(lhs, rhs, *, dimension_numbers, preferred_element_type=None, **_
     ``jax.jacfwd`` pushes the identity through every ``H @ xi`` of a
     function linear in ``xi``: a PDE's fold computes hundreds of such large
     products, a large share of its time. Its derivative code also
-    multiplies by the zeros of symbolic tangents, materialized: the product of finite values with zeros is zeros, ``+0.0``
-    as XLA's sums give it, and stays one zero broadcast (see :func:`_uniform`).
+    multiplies by the zeros of symbolic tangents, materialized: the product
+    of finite values with zeros is zeros, ``+0.0`` as XLA's sums give it,
+    and stays one zero broadcast (see :func:`_uniform`).
     """
     (lc, rc), (lb, rb) = dimension_numbers
     if lhs.dtype not in FLOATS or rhs.dtype not in FLOATS:

@@ -72,7 +72,8 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 #: evaluates these trigonometric functions several times more slowly when
 #: their input is computed in the same fused loop (a chain of ``sin(cos(c) *
 #: a + b)`` steps as one program against one program per step), and at least
-#: as fast as standalone kernels when the loop starts at them. See :func:`pejit._fold._plan.plan_batch`.
+#: as fast as standalone kernels when the loop starts at them. See
+#: :func:`pejit._fold._plan.plan_batch`.
 FUSED_FIRST = frozenset(["sin", "cos", "tan"])
 
 #: Primitives that run Python the program may never run: folded only where the

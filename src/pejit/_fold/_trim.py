@@ -8,9 +8,9 @@ a value the worker allocated returns to the worker's arena when the folding
 thread drops it. The process's resident memory then grows to the sum of the
 arenas' high-water marks, not to what the batch holds at once, and a fold
 that holds the values it would otherwise compute again can peak above
-``jax.jit``'s whole program. ``malloc_trim`` hands the free pages back (each call a few milliseconds), so
-the batch can hold those values within its memory budget instead of
-computing them again (:mod:`pejit._fold._refold`).
+``jax.jit``'s whole program. ``malloc_trim`` hands the free pages back (each
+call a few milliseconds), so the batch can hold those values within its
+memory budget instead of computing them again (:mod:`pejit._fold._refold`).
 
 Nothing is configured: the allocator keeps its settings, and where the C
 library has no ``malloc_trim`` (not glibc), nothing happens.

@@ -109,9 +109,10 @@ def case1(ctx: Context) -> dict:
     hand = jax.jit(programs.linsolve_folded)
     # Which buffers the two matrix-vector products read changes their time
     # noticeably from process to process (the hand-folded program run on
-    # pejit's folded buffers is exactly as fast, or as slow, as pejit). So both are measured on four constant sets, each pair of
-    # samples on the same set in the same round, and no variant is stuck
-    # with one lucky or unlucky placement.
+    # pejit's folded buffers is exactly as fast, or as slow, as pejit). So
+    # both are measured on four constant sets, each pair of samples on the
+    # same set in the same round, and no variant is stuck with one lucky or
+    # unlucky placement.
     As = [A] + [jnp.asarray(programs.linsolve_data(n, seed)[0]) for seed in (1, 2, 3)]
     folded = [jax.block_until_ready((jnp.linalg.inv(a), jnp.linalg.cholesky(a @ a.T))) for a in As]
     fns = {
