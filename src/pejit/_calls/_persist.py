@@ -349,10 +349,10 @@ def _describe(jaxpr: Jaxpr, out: list[str], h) -> bool:
     its values depend on Python code it does not show (a callback).
 
     Several times cheaper than ``jaxpr.pretty_print()``, which lays out a
-    document for display, and unlike it, this also covers the constants of called jaxprs (an
-    inner ``jax.jit`` closing over an array). Variables are numbered by first
-    appearance; types, literals and parameters are written as their ``str``
-    with addresses blanked, as JAX's printer writes them.
+    document for display, and unlike it, this also covers the constants of
+    called jaxprs (an inner ``jax.jit`` closing over an array). Variables are
+    numbered by first appearance; types, literals and parameters are written as
+    their ``str`` with addresses blanked, as JAX's printer writes them.
     """
     names: dict[Any, str] = {}
 

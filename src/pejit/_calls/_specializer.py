@@ -254,15 +254,14 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
 def runner_ahead(info: PejitInfo, layout: Layout, jaxpr, nconsts: int, out_tree, in_tree, avals) -> Callable | None:
     """The runner of the residual as traced, its compile started on the worker.
 
-    The residual is known once the folding program is traced, and its
-    compile (tens of milliseconds even for a single ``add``) need not wait for the first value,
-    whose evaluation leaves the second core idle. The runner serves if the
-    first value's constants are passed as they are (no equal or uniform
+    The residual is known once the folding program is traced, and its compile
+    (tens of milliseconds even for a single ``add``) need not wait for the first
+    value, whose evaluation leaves the second core idle. The runner serves if
+    the first value's constants are passed as they are (no equal or uniform
     ones, see :func:`shared_program`); else it was a compile on the spare core.
     Not where the constants will be compiled into the first value's program
     (:meth:`~pejit._calls._program.Specialization.compile_in`): that program
-    serves, and a compile of this one would only compete with it for the
-    cores.
+    serves, and a compile of this one would only compete with it for the cores.
     """
     spare = _offload.spare()
     if spare is None or not info.jit or info.jit_kwargs or info.constant_shardings is not None:

@@ -311,12 +311,12 @@ def _stage(recipes, env, outputs) -> list[Any]:
     """Stage ``recipes`` into the program of abstract constants they read, as one equation.
 
     The equation is a ``folded_batch`` whose body is built from the recipes
-    directly: their outputs' avals are known, so nothing is abstractly
-    evaluated again, where binding each recipe on the outer trace would (a
-    fraction of a millisecond each, and a PDE's fold stages thousands). Other values
-    become the equation's inputs, scalars literals; as in :func:`run_batch`,
-    a recipe reads what an earlier recipe of the batch defined, else what
-    ``env`` holds (a recipe may compute again a value an earlier batch kept).
+    directly: their outputs' avals are known, so nothing is abstractly evaluated
+    again, where binding each recipe on the outer trace would (a fraction of a
+    millisecond each, and a PDE's fold stages thousands). Other values become
+    the equation's inputs, scalars literals; as in :func:`run_batch`, a recipe
+    reads what an earlier recipe of the batch defined, else what ``env`` holds
+    (a recipe may compute again a value an earlier batch kept).
     """
     local: set[Any] = set()
     inputs: list[Any] = []

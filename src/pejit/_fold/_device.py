@@ -69,7 +69,7 @@ class DeviceProfile:
 #: A CPU: host memory traffic is slow (an eager elementwise op on large
 #: arrays is bound by it), intermediates up to ``cached_bytes`` stay in cache,
 #: a region's ``jax.jvp`` compiles for seconds past ``build_flops`` of build,
-#: and the host builds a region of a hundred times as many FLOPs in about a
+#: while the host's NumPy builds a region tens of times larger in about a
 #: second. Per call, a FLOP of elementwise work costs about as much as a byte
 #: read, and a kernel of its own (a product, a LAPACK call) a few microseconds
 #: to launch: as much again as a small matrix-vector product takes to compute.

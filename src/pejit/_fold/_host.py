@@ -26,9 +26,9 @@ one is the only difference left.)
 
 :func:`on_host` returns ``None`` whenever a rule does not apply (another
 backend, several devices, an unsupported dtype), and the caller binds the
-primitive as it would without host rules. The table (:data:`HOST_RULES`) is keyed by primitive,
-one rule each, as the fold rules are, and filled where they are registered
-(:mod:`pejit._residual.rules.builtins`).
+primitive as it would without host rules. The table (:data:`HOST_RULES`) is
+keyed by primitive, one rule each, as the fold rules are, and filled where they
+are registered (:mod:`pejit._residual.rules.builtins`).
 """
 
 from __future__ import annotations
@@ -116,11 +116,11 @@ def remembering() -> Iterator[None]:
     """Within, each check of an array's values (finite, no ``-0.0``, rows of
     an identity) reads it once.
 
-    Derivative code meets the same arrays again and again: ``jacfwd``'s
-    identity matrix is checked by every product it feeds, and the same
-    tangents for finiteness by every rule that reads them. A fold never writes into an array it
-    holds, so what a check found stays true while the array lives; the
-    user's arrays may change between folds, so nothing is kept past one.
+    Derivative code meets the same arrays again and again: ``jacfwd``'s identity
+    matrix is checked by every product it feeds, and the same tangents for
+    finiteness by every rule that reads them. A fold never writes into an array
+    it holds, so what a check found stays true while the array lives; the user's
+    arrays may change between folds, so nothing is kept past one.
     """
     token = _facts.set({}) if _facts.get() is None else None
     try:
@@ -160,12 +160,11 @@ def add_or_sub(ufunc: Callable) -> Callable:
 
     Derivative code adds the materialized zeros of symbolic tangents to its
     tangents, a PDE's fold hundreds of large sums with a zero term, each of
-    which would otherwise write a copy. ``x + 0`` is ``x`` bit for
-    bit but for ``-0.0 + +0.0``, which is ``+0.0``: so ``x`` is the sum
-    where it holds no ``-0.0`` (one read, nothing written), or where the
-    zero added is ``-0.0`` (``x + -0.0`` is ``x``); ``+0.0`` added to only
-    zeros is ``+0.0`` broadcast. (``x`` itself keeps a signaling NaN that
-    the sum would make quiet.)
+    which would otherwise write a copy. ``x + 0`` is ``x`` bit for bit but for
+    ``-0.0 + +0.0``, which is ``+0.0``: so ``x`` is the sum where it holds no
+    ``-0.0`` (one read, nothing written), or where the zero added is ``-0.0``
+    (``x + -0.0`` is ``x``); ``+0.0`` added to only zeros is ``+0.0`` broadcast.
+    (``x`` itself keeps a signaling NaN that the sum would make quiet.)
     """
     plain = elementwise(ufunc)
     subtract = ufunc is np.subtract

@@ -82,8 +82,8 @@ def plan_batch(recipes: Sequence[Recipe], forced: str = "auto", platform: str = 
     per equation, one dispatch, and the memory traffic of the intermediates
     (written by one kernel, read back by the next) where they outgrow a
     core's cache; it costs the copy a program makes of each NumPy array it
-    reads (a host rule's result), which also leaves memory resident (as
-    much again as the arrays it reads). Runs of the same structure (the
+    reads (a host rule's result), which also leaves memory resident (the
+    copies). Runs of the same structure (the
     steps of an unrolled loop) share one program, and so its compilation.
     Every other equation runs on its own, eagerly: fusing a matrix product,
     a LAPACK call or a reduction with its neighbours saves little. A run
