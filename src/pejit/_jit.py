@@ -67,7 +67,7 @@ class Pejitted:
     # State lives in slots: ``functools.update_wrapper`` (below, and in JAX's
     # transformations wrapping a pejit function) copies a function's
     # ``__dict__`` onto its wrapper, which would hand this function's options
-    # and caches to another (``pejit(jax.grad(h))`` ran ``h``). The
+    # and caches to another (``pejit(jax.grad(h))`` would run ``h``). The
     # ``__dict__`` holds only the wrapped function's attributes, as jax.jit's.
     __slots__ = ("_path", "_dispatch", "_options", "__dict__", "__weakref__")
 

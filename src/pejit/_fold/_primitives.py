@@ -69,7 +69,7 @@ FUSES_OPERANDS = ELEMENTWISE | EXPANSIONS | frozenset(
 )
 
 #: Fusible primitives that a fused run must start with, by name: XLA:CPU
-#: evaluates these trigonometric functions several times more slowly when
+#: evaluates these trigonometric functions a few times more slowly when
 #: their input is computed in the same fused loop (a chain of ``sin(cos(c) *
 #: a + b)`` steps as one program against one program per step), and at least
 #: as fast as standalone kernels when the loop starts at them. See

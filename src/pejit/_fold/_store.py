@@ -176,7 +176,7 @@ class Store:
         the program computes it to where it reads it. An order target by
         target (each one's dependencies, then the next's) holds what two
         targets share from the first to the last, and peaks higher where
-        they share much (a PDE's residual and Jacobian).
+        they share much (as a PDE's do).
         """
         found: dict[int, Recipe] = {}
         stack = [self.recipes[v] for v in targets if v not in self.computed]

@@ -31,7 +31,7 @@ def fold_jit(folder: Folder, trace, prim, args, params):
     is replayed whole, as JAX inlines it: each of its known
     equations is then one fold, and equal folds are found across calls
     (derivative code recomputes the same known work in many calls, and a
-    known part per call would hide most of those equal folds from each
+    known part per call would hide many of those equal folds from each
     other). Any other
     call's equations on known inputs alone fold as one recipe
     (:func:`known_part`), which spares the trace of each, and the rest is
