@@ -352,7 +352,6 @@ def _stage(recipes, env, outputs) -> list[Any]:
     return _abstract.bind_known(batch_p, inputs, {"jaxpr": body}, outer)
 
 
-
 def clear_programs() -> None:
     """Forget the compiled batch programs and the kernels lowered for the worker (``cache_clear()`` calls this)."""
     _compiled.programs.clear()

@@ -451,7 +451,3 @@ def _loop(structure, kept):
 
     return program
 
-
-def clearprograms() -> None:
-    """Forget the compiled programs (``pejit._fold._batch.clear_programs`` calls this)."""
-    programs.clear()
