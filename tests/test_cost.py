@@ -198,3 +198,5 @@ def test_a_pad_of_a_known_operand_by_an_unknown_value_must_fold():
     assert not _known.known_work(pad, [False, True]).needed  # the operand unknown: JAX transposes it
     literal = jax.make_jaxpr(lambda c: lax.pad(c, 0.0, [(1, 1, 0)]))(jnp.ones(3))
     assert not _known.known_work(literal, [True]).needed
+    of_literal = jax.make_jaxpr(lambda v: lax.pad(jnp.float32(2), v, []))(1.0)  # a literal operand is known
+    assert [e.primitive.name for e in _known.known_work(of_literal, [False]).needed] == ["pad"]

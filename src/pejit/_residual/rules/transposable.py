@@ -26,7 +26,9 @@ def pad_needs_fold(eqn, known: set) -> bool:
     """Whether a ``pad`` must be restaged (:func:`fold_pad`): a known operand, an unknown
     padding value (a program that differentiates it could not be transposed)."""
     operand, padding_value = eqn.invars
-    return operand in known and not isinstance(padding_value, _compat.Literal) and padding_value not in known
+    if isinstance(padding_value, _compat.Literal):
+        return False
+    return (isinstance(operand, _compat.Literal) or operand in known) and padding_value not in known
 
 
 def fold_pad(folder: Folder, trace, prim, args, params):
