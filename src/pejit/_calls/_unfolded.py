@@ -23,9 +23,8 @@ from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
 from .._fold import _batch
-from .._fold._folding import concrete_value, evaluate_now
+from .._fold._folding import concrete_value, evaluate_now, numpy_value
 from .._fold._memo import Memo
-from .._fold._multihost import check_fetchable
 from .._fold._primitives import prune
 from .._fold._staging import known_value, policy_of, trace_staging
 from .._fold._stats import FoldStats
@@ -91,9 +90,7 @@ class StageAll:
         return concrete_value(self, tracer)
 
     def numpy_value(self, tracer):
-        value = self.concrete_value(tracer)
-        check_fetchable(value)  # sharded across processes: name the user's line
-        return value
+        return numpy_value(self, tracer)
 
     def finalize(self, jaxpr, consts: list) -> tuple[Any, list]:
         """The jaxpr as traced, its dead equations dropped (values Python asked for leave some)."""

@@ -246,9 +246,7 @@ class Folder:
 
     def numpy_value(self, tracer):
         """Hook for :class:`~pejit._fold._staging.KnowableTracer`: NumPy asks for the whole array."""
-        value = self.concrete_value(tracer)
-        check_fetchable(value)  # sharded across processes: name the user's line
-        return value
+        return numpy_value(self, tracer)
 
     # -- cheap expansions -----------------------------------------------------------
     def _stays_lazy(self, prim, args, avals, out_avals) -> bool:
@@ -346,6 +344,13 @@ def concrete_value(policy, tracer):
         return None
     value = policy.materialize(tracer)
     return None if _abstract.is_abstract(value) else value
+
+
+def numpy_value(policy, tracer):
+    """The whole array NumPy asks of ``tracer`` from ``policy`` (see :func:`concrete_value`)."""
+    value = concrete_value(policy, tracer)
+    check_fetchable(value)  # sharded across processes: name the user's line
+    return value
 
 
 def _var_of(x):
