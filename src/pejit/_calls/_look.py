@@ -24,6 +24,7 @@ decide.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,12 +59,16 @@ class Traced:
 
 
 def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any],
-          jit_kwargs: dict | None = None, dynamic: tuple | None = None) -> Traced | PerValue:
+          jit_kwargs: dict | None = None, dynamic: tuple | None = None, name: str = "plain",
+          signature: inspect.Signature | None = None) -> Traced | PerValue:
     """The function (``bind(const_vals, in_tree, out_trees)``, a function of the flat
     dynamic leaves) traced by ``jax.jit`` (with ``jit_kwargs``) with its constant arrays
     abstract, or why each value must be traced concretely (the trace needs their values).
     ``dynamic``, the call's ``(dyn_args, dyn_kwargs)``: traced as given (``jax.jit`` keeps
     a trace by what it is given, a NumPy array as such), else of the types ``avals``.
+    ``name`` and ``signature`` (the constant arrays' parameters, then the dynamic ones:
+    :func:`~pejit._calls._argnums.runner_signature`) name the program and its arguments,
+    as the user's function names them under ``jax.jit``.
 
     Any failure counts, since JAX reports a missing value in many ways
     (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
@@ -91,6 +96,9 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
         outs = bind(vals, in_tree, out_trees)(*leaves)
         return jax.tree_util.tree_unflatten(out_trees[-1], outs)
 
+    plain.__name__ = plain.__qualname__ = name
+    if signature is not None:
+        plain.__signature__ = signature
     run = jax.jit(plain, **(jit_kwargs or {}))
     try:
         if dynamic is None:

@@ -30,7 +30,7 @@ from .._fold._folding import replay
 from .._fold._stats import FoldStats, Unfolded, label
 from . import _errors, _look, _persist
 from .._fold._gc import pausing
-from ._argnums import interleave
+from ._argnums import interleave, runner_signature
 from ._cache import SpecializationCache
 from ._dispatch import Layout
 from ._info import PejitInfo
@@ -83,7 +83,8 @@ def specialize(
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
             traced = _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree,
-                                 avals, jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs))
+                                 avals, jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
+                                 runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
             seen = None if isinstance(traced, PerValue) else _look.look(traced, info.fold_options, info.jit)
         if seen is None:
             program = traced

@@ -281,22 +281,28 @@ def seconds_of(cost: Cost) -> float:
 def fold_pays(saved: Cost, total: Cost, min_gain: float) -> bool:
     """Whether folding work that costs ``saved`` a call, of a program costing
     ``total``, is worth it: it saves something, and at least ``min_gain``
-    (``FoldOptions.min_gain``) of the call.
+    (``FoldOptions.min_gain``) of the call, the call's own cost included
+    (the device's ``call_seconds``: dispatch and launch).
 
     A fold that saves nothing would still store its results for every call to
     read (``jnp.ones(n)`` fed to a sparse product: the program generates it as
-    cheaply), and one that saves a sliver is paid for at every specialization.
+    cheaply), and one that saves a sliver is paid for at every specialization:
+    at the first call above all, which compiles a folding program beside the
+    residual. An ``exp`` of a few constants is most of a program's work and
+    nothing of its call.
 
     Examples:
       >>> fold_pays(Cost(flops=1e6), Cost(flops=1e7), min_gain=0.05)
       True
       >>> fold_pays(Cost(flops=1e4), Cost(flops=1e7), min_gain=0.05)
       False
+      >>> fold_pays(Cost(flops=8), Cost(flops=16), min_gain=0.05)  # half the work, nothing of the call
+      False
       >>> fold_pays(ZERO, ZERO, min_gain=0.0)  # nothing saved: nothing stored
       False
     """
     s = saved.seconds()
-    return s > 0 and s >= min_gain * total.seconds()
+    return s > 0 and s >= min_gain * (total.seconds() + _device.current().call_seconds)
 
 
 def stays_lazy(in_bytes: int, out_bytes: int, ratio: float, min_bytes: int) -> bool:
