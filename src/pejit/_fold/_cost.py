@@ -302,7 +302,12 @@ def fold_pays(saved: Cost, total: Cost, min_gain: float) -> bool:
       False
     """
     s = saved.seconds()
-    return s > 0 and s >= min_gain * (total.seconds() + _device.current().call_seconds)
+    return s > 0 and s >= min_gain * per_call(total)
+
+
+def per_call(total: Cost) -> float:
+    """The seconds a call of a program whose work costs ``total`` takes, its dispatch included."""
+    return total.seconds() + _device.current().call_seconds
 
 
 def stays_lazy(in_bytes: int, out_bytes: int, ratio: float, min_bytes: int) -> bool:
@@ -432,6 +437,6 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
 __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
-    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays",
+    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays", "per_call",
     "program_cost", "promotion_pays", "reassociation_pays", "run_compiles", "share_pays", "stays_lazy",
 ]
