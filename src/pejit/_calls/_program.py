@@ -13,14 +13,13 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, jaxpr_as_fun
+from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
 from .._fold import _batch, _cost, _offload
@@ -298,58 +297,18 @@ def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
     name = _closing_custom_call(jaxpr)
     if name is not None:
         return f"the custom_jvp/custom_vjp function {name!r} closes over arrays"
-    if _reaches_tracers(jaxpr, traces):
+    if _holds_python(jaxpr) and any(map(_has_live_tracers, traces)):
         return "a custom rule or callback in the residual closes over a constant"
     return None
 
 
-#: The most objects :func:`_reaches_tracers` walks before it scans the heap instead.
-WALK_LIMIT = 20_000
-
-
-def _reaches_tracers(jaxpr, traces: Sequence[weakref.ref]) -> bool:
-    """Whether what the equations of ``jaxpr`` (and its sub-jaxprs) hold, their custom
-    rules' and callbacks' Python functions, reaches a tracer of one of ``traces`` (ended).
-
-    JAX's leak checker scans the whole heap for a trace's referrers, milliseconds a
-    first call would pay for every program; a tracer the residual keeps alive is
-    reachable from its parameters, so the walk starts there. It does not enter
-    modules, their globals, classes or code: a function reads those, but a trace
-    leaves no tracer in them. A walk that grows past :data:`WALK_LIMIT` objects
-    scans the heap after all.
-    """
-    ended = {id(t) for t in (ref() for ref in traces) if t is not None}
-    if not ended:
-        return False  # a tracer keeps its trace alive
-    stack, seen = _parameters(jaxpr), set()
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, _compat.Tracer):  # (a jax.Array too)
-            if id(_compat.trace_of(obj)) in ended:
-                return True
-            continue
-        if id(obj) in seen or isinstance(obj, _OPAQUE) or isinstance(obj, dict) and "__builtins__" in obj:
-            continue
-        seen.add(id(obj))
-        if len(seen) > WALK_LIMIT:
-            return any(map(_has_live_tracers, traces))
-        stack.extend(gc.get_referents(obj))
-    return False
-
-
-#: What the walk of :func:`_reaches_tracers` does not enter (a jaxpr's own parameters are roots).
-_OPAQUE = (types.ModuleType, type, types.CodeType, str, bytes, int, float, complex, np.ndarray, np.generic,
-           jax.Array, Jaxpr, ClosedJaxpr)
-
-
-def _parameters(jaxpr) -> list:
-    """The parameters of every equation of ``jaxpr`` and of its sub-jaxprs."""
-    out = []
-    for eqn in jaxpr.eqns:
-        out.extend(eqn.params.values())
-        for sub in subjaxprs(eqn.params):
-            out.extend(_parameters(getattr(sub, "jaxpr", sub)))
-    return out
+def _holds_python(jaxpr) -> bool:
+    """Whether an equation of ``jaxpr`` (or of a sub-jaxpr) holds a Python function JAX may
+    run later (a custom rule, a callback): only one can reach a tracer of an ended trace,
+    and the search for live tracers scans the whole heap (10 ms of a small program's first call)."""
+    return any(any(callable(v) or hasattr(v, "call_wrapped") for v in eqn.params.values())  # (a WrappedFun)
+               or any(_holds_python(getattr(sub, "jaxpr", sub)) for sub in subjaxprs(eqn.params))
+               for eqn in jaxpr.eqns)
 
 
 def _has_live_tracers(trace_ref: weakref.ref) -> bool:
