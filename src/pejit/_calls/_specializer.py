@@ -241,7 +241,7 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     stats = FoldStats(notes=list(seen.traced.notes))
     work = seen.work
     if work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
-        stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), _cost.per_call(work.total), False))
+        stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
     if info.jit:

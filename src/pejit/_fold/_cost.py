@@ -281,33 +281,25 @@ def seconds_of(cost: Cost) -> float:
 def fold_pays(saved: Cost, total: Cost, min_gain: float) -> bool:
     """Whether folding work that costs ``saved`` a call, of a program costing
     ``total``, is worth it: it saves something, and at least ``min_gain``
-    (``FoldOptions.min_gain``) of the call, the call's own cost included
-    (the device's ``call_seconds``: dispatch and launch).
+    (``FoldOptions.min_gain``) of the call.
 
     A fold that saves nothing would still store its results for every call to
     read (``jnp.ones(n)`` fed to a sparse product: the program generates it as
-    cheaply), and one that saves a sliver is paid for at every specialization:
-    at the first call above all, which compiles a folding program beside the
-    residual. An ``exp`` of a few constants is most of a program's work and
-    nothing of its call.
+    cheaply), and one that saves a sliver is paid for at every specialization.
+    (A call's dispatch is not counted: a fold of a tiny program's constants
+    compiles its results in, and passes fewer arguments, which saves as much
+    of a call as the work.)
 
     Examples:
       >>> fold_pays(Cost(flops=1e6), Cost(flops=1e7), min_gain=0.05)
       True
       >>> fold_pays(Cost(flops=1e4), Cost(flops=1e7), min_gain=0.05)
       False
-      >>> fold_pays(Cost(flops=8), Cost(flops=16), min_gain=0.05)  # half the work, nothing of the call
-      False
       >>> fold_pays(ZERO, ZERO, min_gain=0.0)  # nothing saved: nothing stored
       False
     """
     s = saved.seconds()
-    return s > 0 and s >= min_gain * per_call(total)
-
-
-def per_call(total: Cost) -> float:
-    """The seconds a call of a program whose work costs ``total`` takes, its dispatch included."""
-    return total.seconds() + _device.current().call_seconds
+    return s > 0 and s >= min_gain * total.seconds()
 
 
 def stays_lazy(in_bytes: int, out_bytes: int, ratio: float, min_bytes: int) -> bool:
@@ -437,6 +429,6 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
 __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
-    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays", "per_call",
+    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays",
     "program_cost", "promotion_pays", "reassociation_pays", "run_compiles", "share_pays", "stays_lazy",
 ]

@@ -53,8 +53,6 @@ class DeviceProfile:
       flops_per_second, bytes_per_second, kernel_seconds: what a call spends per
         FLOP, per byte read from memory and per kernel run on its own, which
         :meth:`pejit._fold._cost.Cost.seconds` weighs.
-      call_seconds: what a compiled call costs whatever it computes (its dispatch
-        and launch): a fold saves a share of that and the work (``fold_pays``).
     """
 
     platform: str
@@ -66,7 +64,6 @@ class DeviceProfile:
     flops_per_second: float = 1e9
     bytes_per_second: float = 1e9
     kernel_seconds: float = 5e-6
-    call_seconds: float = 4e-6
 
 
 #: A CPU: host memory traffic is slow (an eager elementwise op on large
@@ -76,7 +73,6 @@ class DeviceProfile:
 #: second. Per call, a FLOP of elementwise work costs about as much as a byte
 #: read, and a kernel of its own (a product, a LAPACK call) a few microseconds
 #: to launch: as much again as a small matrix-vector product takes to compute.
-#: A ``jax.jit`` call of a program of a few small operations takes 4 us.
 CPU = DeviceProfile("cpu", host_is_device=True, bandwidth=2e9, cached_bytes=2**20, build_flops=8e9,
                     host_build_flops=1e12)
 #: An accelerator: device memory is fast (fusing saves little), the host is
@@ -84,8 +80,7 @@ CPU = DeviceProfile("cpu", host_is_device=True, bandwidth=2e9, cached_bytes=2**2
 #: call, the CPU's weights of FLOPs, bytes and kernels against each other (no
 #: accelerator's own are calibrated here).
 GPU = DeviceProfile("gpu", host_is_device=False, bandwidth=5e11, cached_bytes=0, build_flops=8e9,
-                    host_build_flops=1e12, flops_per_second=1e12, bytes_per_second=1e12, kernel_seconds=5e-9,
-                    call_seconds=4e-9)
+                    host_build_flops=1e12, flops_per_second=1e12, bytes_per_second=1e12, kernel_seconds=5e-9)
 TPU = dataclasses.replace(GPU, platform="tpu")
 
 PROFILES = {p.platform: p for p in (CPU, GPU, TPU)}

@@ -314,7 +314,7 @@ class Folder:
         rest = _cost.program_cost(kept) * self.trips
         if _cost.fold_pays(saved, saved + rest, self.options.min_gain):
             return True
-        self.tally.take_back(Unfolded(len(todo), saved.seconds(), _cost.per_call(saved + rest), self.nested))
+        self.tally.take_back(Unfolded(len(todo), saved.seconds(), (saved + rest).seconds(), self.nested))
         return False
 
 

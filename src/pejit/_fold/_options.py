@@ -70,9 +70,8 @@ class FoldOptions:
       affine_max_bytes: the most bytes of matrices and offsets one such
         region may store.
       min_gain: a fold is kept only where the work it evaluates costs at
-        least this fraction of the program's per-call cost, its dispatch
-        included (estimated by `pejit._fold._cost`, see ``fold_pays``): an
-        ``exp`` of a few constants is not folded; elsewhere the program keeps that
+        least this fraction of the program's per-call cost (estimated by
+        `pejit._fold._cost`, see ``fold_pays``); elsewhere the program keeps that
         work, as ``jax.jit``'s does, and the report says so. Each loop body,
         branch and custom rule decides for itself. 0 folds everything known.
 

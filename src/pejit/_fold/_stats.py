@@ -36,8 +36,8 @@ class BatchInfo:
 class Unfolded(NamedTuple):
     """A fold that did not pay for itself: ``equations`` known equations, estimated
     to cost ``saved`` seconds per call of the program's ``total``
-    (:mod:`pejit._fold._cost`, a call's dispatch included), stayed in the program
-    (in a sub-program, ``nested``: a loop's body, a branch)."""
+    (:mod:`pejit._fold._cost`), stayed in the program (in a sub-program, ``nested``:
+    a loop's body, a branch)."""
 
     equations: int
     saved: float
