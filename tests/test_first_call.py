@@ -65,6 +65,64 @@ def test_a_library_call_on_small_constants_is_folded():
     assert primitive_names(spec.program.jaxpr) == ["dot_general"]
 
 
+def test_small_work_on_small_constants_is_left_to_xla_with_them_compiled_in():
+    # a nanmin of 200 constants saves a share of a call: XLA folds it as it compiles them in,
+    # as jax.jit does for the arrays a function closes over, with no folding program
+    def shifted(a, x):
+        return x - jnp.nanmin(a)
+
+    a, x = jnp.asarray(rng.standard_normal(200), jnp.float32), jnp.ones(8)
+    f = pejit(shifted, constant_argnums=0)
+    with Compiles() as compiles:
+        out = f(a, x)
+    assert compiles.count == 1  # one program: the constants compiled in
+    spec = f.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+    np.testing.assert_array_equal(out, jax.jit(shifted)(a, x))
+    assert "XLA folds them" in str(f.report(a, x))
+    hlo = spec.call.lower(x).compile().as_text()  # XLA folded the reduction: no reduce is left
+    assert "reduce(" not in hlo and "minimum" not in hlo
+    b = a + 1.0  # another value of the structure: jax.jit's program, the constants passed
+    with Compiles() as compiles:
+        np.testing.assert_array_equal(f(b, x), jax.jit(shifted)(b, x))
+        f(b + 1.0, x)
+    assert compiles.count == 1 and f.specialize(b, x).consts[-1] is b
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_constants_only_read_by_the_dynamic_work_are_compiled_in():
+    # nothing depends on the constants alone: jax.jit's program, compiled once with them in,
+    # as jax.jit compiles what a function closes over (a call passes no constants)
+    def product(a, x):
+        return a @ x
+
+    a, x = jnp.asarray(rng.standard_normal((8, 8)), jnp.float32), jnp.ones(8)
+    f = pejit(product, constant_argnums=0)
+    with Compiles() as compiles:
+        out = f(a, x)
+    assert compiles.count == 1 and "product" in compiles.where[0][0]
+    spec = f.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+    entry = spec.call.lower(x).compile().as_text().split("ENTRY")[1]
+    assert entry.count("parameter(") == 1  # x alone
+    np.testing.assert_array_equal(out, jax.jit(product)(a, x))
+
+
+@pytest.mark.parametrize("known, a", [(jnp.exp, rng.standard_normal(8).astype(np.float32)),
+                                      (jnp.sum, rng.standard_normal(8).astype(np.float32)),
+                                      (jax.lax.clz, np.arange(-4, 4, dtype=np.int32))], ids=["exp", "sum", "clz"])
+def test_small_inexact_work_is_folded_not_left_to_xla(known, a):
+    # XLA's constant folding is an interpreter: its exp, its sums' order, even its clz are not
+    # its kernels', so pejit folds these (with the kernels jax.jit's program runs)
+    def f(a, x):
+        return x * known(a)
+
+    a, x = jnp.asarray(a), jnp.ones(8)
+    spec = pejit(f, constant_argnums=0).specialize(a, x)
+    assert isinstance(spec.program.folding_program, FoldingProgram)
+    np.testing.assert_allclose(spec.call(x), jax.jit(f)(a, x), rtol=1e-6)
+
+
 def test_a_fold_that_pays_folds():
     def inverse(A, x):
         return jnp.linalg.inv(A) @ x

@@ -30,14 +30,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._fold import _known
+from .._fold import _cost, _known
 from .._fold._options import FoldOptions
-from .._fold._primitives import subjaxprs
+from .._fold._primitives import exact, subjaxprs
 from .._fold._staging import ClosedOverTracer
 from .._fold._stats import noting
+from .._fold._values import nbytes
 from .._residual._collapse import collapsible
 from ._keys import OtherSignature, is_array
 from ._program import PerValue, why_per_value
@@ -127,16 +129,19 @@ def _type(aval) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class Look:
-    """What a look at a traced function found: its known ``work``, and whether folding
-    it ``pays``."""
+    """What a look at a traced function found: its known ``work``, whether folding
+    it ``pays``, and whether ``jax.jit``'s program with the constants compiled in
+    folds it for less (``compile_in``, see :func:`look`)."""
 
     traced: Traced
     work: _known.KnownWork
     pays: bool
+    compile_in: bool = False
 
 
 def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
-    """Whether folding the constants of ``traced`` can pay per call.
+    """Whether folding the constants of ``traced`` can pay per call, and whether
+    compiling them into ``jax.jit``'s program folds it for less (``Look.compile_in``).
 
     Unless ``jitted`` (``pe``, whose residual runs equation by equation), any
     known equation pays: each is a dispatch a call saves. A compiled program
@@ -146,17 +151,37 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     whatever the estimate says: one whose known work includes a primitive that
     cannot be compiled (it must be evaluated), and one that calls custom rules on
     constants (their Python, which the estimate cannot read, may hold the work:
-    a derivative's backward rule, say).
+    a derivative's backward rule, say), and one whose fold a rule needs
+    (:data:`pejit._fold._known.needed_rules`).
+
+    Where the known work is small, of primitives that any implementation computes
+    to the same bits (:func:`pejit._fold._primitives.exact`), on constants small
+    enough to compile in, and no fold rule would rewrite the program around them
+    (``KnownWork.rewrites``), the first value is compiled with them in instead
+    (``compile_in``), as ``jax.jit`` compiles the arrays a function closes over:
+    XLA folds that work as it compiles, with no folding trace and no folding
+    program, and a call passes no constants.
     """
     jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)  # what the traced program closes over, known too
     n = len(consts) + traced.arrays
     known = [i < n for i in range(len(jaxpr.invars))]
     work = _known.known_work(jaxpr, known, lazy=options.rematerialize, ratio=options.expansion_ratio,
                              min_bytes=options.expansion_min_bytes)
-    pays = (not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded))
-            or not _lowerable(jaxpr) or _calls_rules(jaxpr)
+    anyway = _folded_anyway(jaxpr, n, work, options)
+    pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded)) or anyway
+    constants = [v.aval for v in jaxpr.invars[:n]]
+    compile_in = (jitted and options.literals and bool(options.min_gain) and not anyway
+                  and not work.rewrites and exact(work.folded)
+                  and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
+                  # a bool compiled in is 0 or 1; passed, any byte (a view of other bits), as jax.jit keeps it
+                  and not any(a.dtype == np.bool_ for a in constants))
+    return Look(traced, work, pays, compile_in)
+
+
+def _folded_anyway(jaxpr, n: int, work: _known.KnownWork, options: FoldOptions) -> bool:
+    """Whether the first ``n`` inputs of ``jaxpr`` are folded by pejit whatever the estimate says."""
+    return (bool(work.needed) or not _lowerable(jaxpr) or _calls_rules(jaxpr)
             or options.affine and collapsible(jaxpr, n, options.affine_max_bytes))
-    return Look(traced, work, pays)
 
 
 def _lowerable(jaxpr) -> bool:

@@ -153,8 +153,9 @@ class AsGiven:
 
     share = None  # nothing equal or uniform is left out (see SharePlan)
 
-    def __init__(self, closed_over: Sequence):
+    def __init__(self, closed_over: Sequence, compile_in: bool = False):
         self.closed_over = list(closed_over)
+        self.compile_in = compile_in  # the first value's constants are compiled in (XLA folds their work)
 
     def __call__(self, *arrays) -> list:
         return [*self.closed_over, *(a if isinstance(a, jax.Array) else jax.device_put(a) for a in arrays)]
@@ -243,12 +244,15 @@ class Specialization:
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """
+        as_given = self.program.folding_program
         if (not self.consts or self.program.compiled_in or not self.compilable_in
-                or isinstance(self.program.folding_program, AsGiven)):
+                or isinstance(as_given, AsGiven) and not as_given.compile_in):
             return  # (jax.jit's own program, which folds nothing: run as jax.jit runs it, the constants passed)
         self.program.compiled_in = True
-        # the runner itself, not its jax.jit (whose options are for the outermost jit)
-        run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
+        if isinstance(as_given, AsGiven):  # jax.jit's function, called inside: its trace serves again
+            run, consts = self.program.run, self.passed
+        else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
+            run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
 
         def residual(*args, **kwargs):  # closing over them (jax.jit flattens a partial's arguments)
             return run(*consts, *args, **kwargs)

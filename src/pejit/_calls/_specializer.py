@@ -88,7 +88,7 @@ def specialize(
             seen = None if isinstance(traced, PerValue) else _look.look(traced, info.fold_options, info.jit)
         if seen is None:
             program = traced
-        elif not seen.pays:
+        elif not seen.pays or seen.compile_in:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
         else:
             program, consts = trace_program(info, layout, seen, arrays, in_tree, avals)
@@ -232,16 +232,19 @@ def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: lis
 
 
 def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: list, in_tree):
-    """The program of a structure whose fold cannot pay (``seen``): ``jax.jit``'s own,
+    """The program of a structure whose fold cannot pay (``seen``), or whose first value
+    XLA folds with its constants compiled in (``seen.compile_in``): ``jax.jit``'s own,
     the constants its leading arguments, run by the ``jax.jit`` function that traced it
     (compiled at the first call, with no second trace); each value's constants are passed
-    as they are (:class:`~pejit._calls._program.AsGiven`)."""
+    as they are (:class:`~pejit._calls._program.AsGiven`), but for a first value that is
+    compiled in (:meth:`~pejit._calls._program.Specialization.compile_in`)."""
     jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
-    as_given = AsGiven(consts)
+    as_given = AsGiven(consts, seen.compile_in)
     stats = FoldStats(notes=list(seen.traced.notes))
     work = seen.work
     if work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
-        stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False))
+        stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False,
+                                       seen.compile_in))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
     if info.jit:

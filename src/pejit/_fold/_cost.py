@@ -355,6 +355,31 @@ def compiled_in(nbytes_total: int) -> bool:
     return nbytes_total <= INLINE_BYTES
 
 
+#: Known work up to this many FLOPs XLA folds itself, in its time, when the constants
+#: are compiled in (see :func:`compiling_in_folds`): its constant folding interprets it.
+XLA_FOLDS_FLOPS = 1e5
+
+
+def compiling_in_folds(saved: Cost, const_bytes: int) -> bool:
+    """Whether compiling the constants into ``jax.jit``'s program, as ``jax.jit``
+    compiles the arrays a function closes over, folds known work that saves ``saved``
+    a call for less than a fold of pejit's.
+
+    XLA folds what depends on compiled-in constants alone as it compiles: at no cost
+    beyond that compile where the work is small (:data:`XLA_FOLDS_FLOPS`, which it
+    interprets) and no library call (a LAPACK or FFT call is one it cannot run then).
+    A fold of pejit's would add a trace and a folding program's compile to the
+    first call. The constants must be small enough to compile in (:func:`compiled_in`).
+
+    Examples:
+      >>> compiling_in_folds(Cost(flops=200.0, bytes=800.0), const_bytes=800)  # a nanmin of 200 constants
+      True
+      >>> compiling_in_folds(Cost(flops=200.0, kernels=1.0, library=1.0), const_bytes=800)  # an inverse
+      False
+    """
+    return compiled_in(const_bytes) and saved.library == 0 and saved.flops <= XLA_FOLDS_FLOPS
+
+
 #: The default ``auto_min_flops``: promotion costs one fold and one compile (tens
 #: of milliseconds on a CPU), and removing 2e6 FLOPs per call saves about 0.2 ms a
 #: call there, so a promotion pays within a few hundred calls (docs/auto.md).
@@ -428,7 +453,8 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
 
 __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
-    "Typed", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "cost_rules", "costs", "eqn_flops", "eqn_of",
-    "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays",
-    "program_cost", "promotion_pays", "reassociation_pays", "run_compiles", "share_pays", "stays_lazy",
+    "Typed", "XLA_FOLDS_FLOPS", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "compiling_in_folds",
+    "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost",
+    "on_the_spot", "one_program_pays", "program_cost", "promotion_pays", "reassociation_pays", "run_compiles",
+    "share_pays", "stays_lazy",
 ]

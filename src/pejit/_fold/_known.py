@@ -20,7 +20,8 @@ from jax.extend.core import primitives as P
 
 from .. import _compat
 from ._cost import ZERO, Cost, fold_pays, jaxpr_cost, program_cost, seconds_of, stays_lazy
-from ._primitives import CALLBACKS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, subjaxprs
+from ._fold_rules import fold_rules
+from ._primitives import CALLBACKS, CALLS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, subjaxprs
 from ._values import nbytes
 
 
@@ -28,13 +29,16 @@ class KnownWork(NamedTuple):
     """What folding some inputs of a program would save a call (``saved``), of ``total``;
     ``folded``: the known equations that folding would evaluate (a call, a loop body
     with known work: the equations inside); ``effects``: effectful equations on known
-    values alone, which stay."""
+    values alone, which stay; ``rewrites``: equations with known and unknown inputs
+    whose fold rule rewrites them (a product reassociated, a branch chosen, a loop
+    split), which XLA would not do so."""
 
     saved: Cost
     total: Cost
     folded: tuple
     effects: tuple = ()
     needed: tuple = ()  # equations whose fold rule must run (see needed_rules)
+    rewrites: tuple = ()
 
     def pays(self, min_gain: float) -> bool:
         return bool(self.needed) or fold_pays(self.saved, self.total, min_gain)
@@ -75,7 +79,7 @@ def known_work(jaxpr, known: Sequence[bool], *, lazy: bool = True, ratio: float 
     walk = _Walk(lazy, ratio, min_bytes)
     saved = walk.saved(jaxpr, set(jaxpr.constvars) | {v for v, k in zip(jaxpr.invars, known) if k}, set())
     return KnownWork(saved + walk.rewritten, jaxpr_cost(closed), tuple(walk.folded), tuple(walk.effects),
-                     tuple(walk.needed))
+                     tuple(walk.needed), tuple(walk.rewrites))
 
 
 #: What a walk knows of an input: nothing, that it comes from literals alone (``STATIC``:
@@ -96,6 +100,7 @@ class _Walk:
         self.effects: list = []
         self.needed: list = []
         self.rewritten = ZERO  # what the fold rules' rewrites save (see saving_rules), ``times`` a call each
+        self.rewrites: list = []
         self.times = 1
 
     def saved(self, jaxpr, known: set, static: set, speculative: bool = False, nested: bool = False,
@@ -123,11 +128,16 @@ class _Walk:
                 known.update(eqn.outvars)
             elif any(True for _ in subjaxprs(eqn.params)):  # its known work is hoisted, around its effects
                 saved += self._inside(eqn, states, nested, record)
+                if record and KNOWN in states and eqn.primitive in fold_rules and eqn.primitive.name not in CALLS:
+                    self.rewrites.append(eqn)  # a loop split, a branch's known work hoisted
             elif all(states):
                 if record:
                     self.effects.append(eqn)
             if not all(states) and not effectful and record and (rule := saving_rules.get(eqn.primitive)):
-                self.rewritten += rule(eqn, known, producers, nested) * self.times
+                rewritten = rule(eqn, known, producers, nested)
+                if rewritten != ZERO:
+                    self.rewrites.append(eqn)
+                self.rewritten += rewritten * self.times
             if not all(states) and record and (need := needed_rules.get(eqn.primitive)) and need(eqn, known):
                 self.needed.append(eqn)
             producers.update((v, eqn) for v in eqn.outvars)

@@ -88,6 +88,24 @@ CUSTOM_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "custom_vjp_call
 CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 
 
+#: Primitives whose result is the same bits however it is computed: data movement,
+#: comparisons and selection, the correctly rounded IEEE ``+ - *``, ``max`` and
+#: ``min`` (their reductions too: no order of them changes a maximum), rounding to
+#: integers, integer and bitwise arithmetic (which wraps). XLA's constant folding,
+#: an interpreter, computes them as its compiled kernels do (see :func:`exact`);
+#: not so a transcendental function, a sum or a product (the order of their
+#: additions), or even ``clz`` (the corpus's ``lax.clz`` folded to -32 where
+#: ``jax.jit``'s kernel gives 0). As :mod:`pejit._fold._host` says of its rules,
+#: a subnormal float, which a CPU's kernels flush to zero, is the one difference.
+EXACT = frozenset([
+    "abs", "add", "add_any", "and", "broadcast_in_dim", "ceil", "clamp", "concatenate", "convert_element_type",
+    "copy", "copy_p", "dynamic_slice", "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota",
+    "is_finite", "le", "lt", "max", "min", "mul", "ne", "neg", "not", "or", "pad", "reduce_and", "reduce_max",
+    "reduce_min", "reduce_or", "reshape", "rev", "select_n", "sign", "slice", "split", "squeeze", "sub",
+    "transpose", "xor",
+])
+
+
 def is_var(a) -> bool:
     """Whether ``a``, an equation's input or a recipe's, is a ``Var`` (not a literal, not a value)."""
     return isinstance(a, _compat.Var)
@@ -119,6 +137,36 @@ def call_body(params: dict) -> tuple:
     """``(jaxpr, consts)`` of the body a call's ``params`` hold (``jaxpr`` or ``call_jaxpr``)."""
     body = params.get("jaxpr") or params.get("call_jaxpr")
     return getattr(body, "jaxpr", body), getattr(body, "consts", ())
+
+
+def exact(eqns: Sequence[Any]) -> bool:
+    """Whether every equation of ``eqns`` (of a call or a custom rule's call: its body's)
+    is of an :data:`EXACT` primitive, but a conversion of floats to integers (out of
+    range, each implementation's own).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> exact(jax.make_jaxpr(jnp.nanmin)(jnp.ones(3)).eqns)
+      True
+      >>> exact(jax.make_jaxpr(jax.nn.relu)(jnp.ones(3)).eqns)  # a custom_jvp_call of a max
+      True
+      >>> exact(jax.make_jaxpr(jnp.sum)(jnp.ones(3)).eqns)
+      False
+    """
+    for e in eqns:
+        name = e.primitive.name
+        if name in CALLS or name in CUSTOM_CALLS:
+            body = call_body(e.params)[0]
+            if body is None or not exact(body.eqns):
+                return False
+        elif name not in EXACT or name == "convert_element_type" and _float_to_integer(e):
+            return False
+    return True
+
+
+def _float_to_integer(eqn) -> bool:
+    return (np.issubdtype(eqn.invars[0].aval.dtype, np.inexact)
+            and not np.issubdtype(eqn.outvars[0].aval.dtype, np.inexact))
 
 
 def fusible(prim, params: dict) -> bool:

@@ -36,17 +36,22 @@ class BatchInfo:
 class Unfolded(NamedTuple):
     """A fold that did not pay for itself: ``equations`` known equations, estimated
     to cost ``saved`` seconds per call of the program's ``total``
-    (:mod:`pejit._fold._cost`), stayed in the program (in a sub-program, ``nested``:
-    a loop's body, a branch)."""
+    (:mod:`pejit._fold._cost`), stayed in the program
+    (in a sub-program, ``nested``: a loop's body, a branch); or, ``compiled_in``,
+    were left to XLA, which folds them as it compiles the constants in."""
 
     equations: int
     saved: float
     total: float
     nested: bool
+    compiled_in: bool = False
 
     def __str__(self) -> str:
         where = "a sub-program's " if self.nested else ""
         share = self.saved / self.total if self.total else 0.0
+        if self.compiled_in:
+            return (f"{where}{self.equations} known equations stay in the program, the constants compiled in: "
+                    f"XLA folds them as it compiles, for less than a fold ({self.saved:.3g} s a call)")
         return (f"{where}{self.equations} known equations stay in the program: folding them would save "
                 f"{self.saved:.3g} s of {self.total:.3g} s estimated per call ({share:.1%}), "
                 "under FoldOptions.min_gain")
