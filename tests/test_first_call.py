@@ -108,6 +108,18 @@ def test_constants_only_read_by_the_dynamic_work_are_compiled_in():
     np.testing.assert_array_equal(out, jax.jit(product)(a, x))
 
 
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_a_loop_on_constants_whose_fold_cannot_pay_is_compiled_in():
+    # polyval's loop over its coefficients: folding would split it, and that cannot pay;
+    # the constants are compiled into jax.jit's program instead of passed on every call
+    c, x = jnp.asarray([1.0, -2.0, 0.5, 3.0]), jnp.linspace(0.0, 1.0, 8)
+    f = pejit(jnp.polyval, constant_argnums=0)
+    spec = f.specialize(c, x)
+    assert isinstance(spec.program.folding_program, AsGiven)
+    np.testing.assert_allclose(f(c, x), jnp.polyval(c, x), rtol=1e-6)
+    assert f.specialize(c, x).program.compiled_in
+
+
 @pytest.mark.parametrize("known, a", [(jnp.exp, rng.standard_normal(8).astype(np.float32)),
                                       (jnp.sum, rng.standard_normal(8).astype(np.float32)),
                                       (jax.lax.clz, np.arange(-4, 4, dtype=np.int32))], ids=["exp", "sum", "clz"])

@@ -156,8 +156,8 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
 
     Where the known work is small, of primitives that any implementation computes
     to the same bits (:func:`pejit._fold._primitives.exact`), on constants small
-    enough to compile in, and no fold rule would rewrite the program around them
-    (``KnownWork.rewrites``), the first value is compiled with them in instead
+    enough to compile in, and no fold that pays would rewrite the program around
+    them (``KnownWork.rewrites``), the first value is compiled with them in instead
     (``compile_in``), as ``jax.jit`` compiles the arrays a function closes over:
     XLA folds that work as it compiles, with no folding trace and no folding
     program, and a call passes no constants.
@@ -171,7 +171,7 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded)) or anyway
     constants = [v.aval for v in jaxpr.invars[:n]]
     compile_in = (jitted and options.literals and bool(options.min_gain) and not anyway
-                  and not work.rewrites and exact(work.folded)
+                  and not (pays and work.rewrites) and exact(work.folded)
                   and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
                   # a bool compiled in is 0 or 1; passed, any byte (a view of other bits), as jax.jit keeps it
                   and not any(a.dtype == np.bool_ for a in constants))
