@@ -108,6 +108,23 @@ def test_constants_only_read_by_the_dynamic_work_are_compiled_in():
     np.testing.assert_array_equal(out, jax.jit(product)(a, x))
 
 
+@pytest.mark.parametrize("known, a", [
+    (jnp.signbit, rng.standard_normal(8).astype(np.float32)),  # a bitcast and a shift
+    (jnp.argmin, rng.standard_normal(8).astype(np.float32)),
+    (jax.lax.cummax, rng.standard_normal(8).astype(np.float32)),
+    (jnp.sum, np.arange(-4, 4, dtype=np.int32)),  # a sum of integers, in any order
+], ids=["signbit", "argmin", "cummax", "integer sum"])
+def test_exact_known_work_is_compiled_in(known, a):
+    def f(a, x):
+        return x * known(a)
+
+    a, x = jnp.asarray(a), jnp.ones(8)
+    g = pejit(f, constant_argnums=0)
+    np.testing.assert_array_equal(g(a, x), jax.jit(f)(a, x))
+    spec = g.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+
+
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
 def test_a_loop_on_constants_whose_fold_cannot_pay_is_compiled_in():
     # polyval's loop over its coefficients: folding would split it, and that cannot pay;

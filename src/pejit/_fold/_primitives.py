@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from jax import dtypes
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.extend.core import primitives as P
 
@@ -89,21 +90,28 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 
 
 #: Primitives whose result is the same bits however it is computed: data movement,
-#: comparisons and selection, the correctly rounded IEEE ``+ - *``, ``max`` and
-#: ``min`` (their reductions too: no order of them changes a maximum), rounding to
-#: integers, integer and bitwise arithmetic (which wraps). XLA's constant folding,
-#: an interpreter, computes them as its compiled kernels do (see :func:`exact`);
-#: not so a transcendental function, a sum or a product (the order of their
-#: additions), or even ``clz`` (the corpus's ``lax.clz`` folded to -32 where
-#: ``jax.jit``'s kernel gives 0). As :mod:`pejit._fold._host` says of its rules,
-#: a subnormal float, which a CPU's kernels flush to zero, is the one difference.
+#: bit reinterpretation and shifts, comparisons and selection, the correctly
+#: rounded IEEE ``+ - *``, ``max`` and ``min`` (their reductions and cumulative
+#: forms too, and the index of a minimum or maximum: no order of them changes the
+#: result), rounding to integers, integer and bitwise arithmetic (which wraps).
+#: XLA's constant folding, an interpreter, computes them as its compiled kernels
+#: do (see :func:`exact`); not so a transcendental function, a sum or a product of
+#: floats (the order of their additions), or even ``clz`` (the corpus's
+#: ``lax.clz`` folded to -32 where ``jax.jit``'s kernel gives 0). As
+#: :mod:`pejit._fold._host` says of its rules, a subnormal float, which a CPU's
+#: kernels flush to zero, is the one difference.
 EXACT = frozenset([
-    "abs", "add", "add_any", "and", "broadcast_in_dim", "ceil", "clamp", "concatenate", "convert_element_type",
-    "copy", "copy_p", "dynamic_slice", "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota",
-    "is_finite", "le", "lt", "max", "min", "mul", "ne", "neg", "not", "or", "pad", "reduce_and", "reduce_max",
-    "reduce_min", "reduce_or", "reshape", "rev", "select_n", "sign", "slice", "split", "squeeze", "sub",
-    "transpose", "xor",
+    "abs", "add", "add_any", "and", "argmax", "argmin", "bitcast_convert_type", "broadcast_in_dim", "ceil", "clamp",
+    "concatenate", "convert_element_type", "copy", "copy_p", "cummax", "cummin", "dynamic_slice",
+    "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota", "is_finite", "le", "lt", "max", "min", "mul",
+    "ne", "neg", "not", "or", "pad", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reshape", "rev", "round",
+    "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze",
+    "stop_gradient", "sub", "transpose", "xor",
 ])
+
+#: Sums and products, exact on integers and booleans alone: addition that wraps is
+#: associative, so no order of it changes the result.
+EXACT_ON_INTEGERS = frozenset(["cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_xor"])
 
 
 def is_var(a) -> bool:
@@ -141,8 +149,9 @@ def call_body(params: dict) -> tuple:
 
 def exact(eqns: Sequence[Any]) -> bool:
     """Whether every equation of ``eqns`` (of a call or a custom rule's call: its body's)
-    is of an :data:`EXACT` primitive, but a conversion of floats to integers (out of
-    range, each implementation's own).
+    is of an :data:`EXACT` primitive, or of an :data:`EXACT_ON_INTEGERS` one on no
+    floats; but a conversion of floats to integers (out of range, each
+    implementation's own).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -152,6 +161,8 @@ def exact(eqns: Sequence[Any]) -> bool:
       True
       >>> exact(jax.make_jaxpr(jnp.sum)(jnp.ones(3)).eqns)
       False
+      >>> exact(jax.make_jaxpr(jnp.sum)(jnp.ones(3, int)).eqns)
+      True
     """
     for e in eqns:
         name = e.primitive.name
@@ -159,14 +170,17 @@ def exact(eqns: Sequence[Any]) -> bool:
             body = call_body(e.params)[0]
             if body is None or not exact(body.eqns):
                 return False
-        elif name not in EXACT or name == "convert_element_type" and _float_to_integer(e):
+        elif name in EXACT_ON_INTEGERS:
+            if any(_inexact(v) for v in (*e.invars, *e.outvars)):
+                return False
+        elif name not in EXACT or name == "convert_element_type" and _inexact(e.invars[0]) and not _inexact(
+                e.outvars[0]):
             return False
     return True
 
 
-def _float_to_integer(eqn) -> bool:
-    return (np.issubdtype(eqn.invars[0].aval.dtype, np.inexact)
-            and not np.issubdtype(eqn.outvars[0].aval.dtype, np.inexact))
+def _inexact(v) -> bool:
+    return dtypes.issubdtype(v.aval.dtype, np.inexact)  # (JAX's: it knows a key's dtype)
 
 
 def fusible(prim, params: dict) -> bool:
