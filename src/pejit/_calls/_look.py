@@ -167,14 +167,17 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     known = [i < n for i in range(len(jaxpr.invars))]
     work = _known.known_work(jaxpr, known, lazy=options.rematerialize, ratio=options.expansion_ratio,
                              min_bytes=options.expansion_min_bytes)
-    anyway = _folded_anyway(jaxpr, n, work, options)
-    pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded)) or anyway
+    pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded))
     constants = [v.aval for v in jaxpr.invars[:n]]
-    compile_in = (jitted and options.literals and bool(options.min_gain) and not anyway
+    compile_in = (jitted and options.literals and bool(options.min_gain)
                   and not (pays and work.rewrites) and exact(work.folded)
                   and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
                   # a bool compiled in is 0 or 1; passed, any byte (a view of other bits), as jax.jit keeps it
                   and not any(a.dtype == np.bool_ for a in constants))
+    # asked only where it changes the decision: its walks (an affine region's search above
+    # all) are a whole pass over a large program that folds anyway
+    if (compile_in or not pays) and _folded_anyway(jaxpr, n, work, options):
+        return Look(traced, work, True, False)
     return Look(traced, work, pays, compile_in)
 
 
