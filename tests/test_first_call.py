@@ -137,12 +137,28 @@ def test_a_loop_on_constants_whose_fold_cannot_pay_is_compiled_in():
     assert f.specialize(c, x).program.compiled_in
 
 
-@pytest.mark.parametrize("known, a", [(jnp.exp, rng.standard_normal(8).astype(np.float32)),
-                                      (jnp.sum, rng.standard_normal(8).astype(np.float32)),
-                                      (jax.lax.clz, np.arange(-4, 4, dtype=np.int32))], ids=["exp", "sum", "clz"])
+@pytest.mark.parametrize("known", [jnp.exp, jnp.tanh, lambda a: jnp.sqrt(a * a) / 3.0], ids=["exp", "tanh", "div"])
+def test_small_elementwise_float_work_is_compiled_in(known):
+    # XLA's constant folding computes exp with the C library's, its kernels with a vectorized
+    # approximation: a few ulps apart, as jax.jit with the array closed over gives
+    def f(a, x):
+        return x * known(a)
+
+    a, x = jnp.asarray(rng.standard_normal(8), jnp.float32), jnp.ones(8)
+    g, expected = pejit(f, constant_argnums=0), jax.jit(f)(a, x)
+    with Compiles() as compiles:
+        np.testing.assert_allclose(g(a, x), expected, rtol=4 * np.finfo(np.float32).eps)
+    assert compiles.count == 1
+    spec = g.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+
+
+@pytest.mark.parametrize("known, a", [(jnp.sum, rng.standard_normal(8).astype(np.float32)),
+                                      (jnp.exp, rng.standard_normal(8).astype(np.complex64)),
+                                      (jax.lax.clz, np.arange(-4, 4, dtype=np.int32))], ids=["sum", "complex exp", "clz"])
 def test_small_inexact_work_is_folded_not_left_to_xla(known, a):
-    # XLA's constant folding is an interpreter: its exp, its sums' order, even its clz are not
-    # its kernels', so pejit folds these (with the kernels jax.jit's program runs)
+    # XLA's constant folding is an interpreter: its sums' order, its complex functions, even
+    # its clz are not its kernels', so pejit folds these (with the kernels jax.jit's program runs)
     def f(a, x):
         return x * known(a)
 

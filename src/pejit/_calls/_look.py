@@ -36,7 +36,7 @@ from jax.extend.core import ClosedJaxpr
 from .. import _compat
 from .._fold import _cost, _known
 from .._fold._options import FoldOptions
-from .._fold._primitives import exact, subjaxprs
+from .._fold._primitives import folds_alike, subjaxprs
 from .._fold._staging import ClosedOverTracer
 from .._fold._stats import noting
 from .._fold._values import nbytes
@@ -154,8 +154,9 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     a derivative's backward rule, say), and one whose fold a rule needs
     (:data:`pejit._fold._known.needed_rules`).
 
-    Where the known work is small, of primitives that any implementation computes
-    to the same bits (:func:`pejit._fold._primitives.exact`), on constants small
+    Where the known work is small, of primitives that XLA's constant folding
+    computes as its kernels do (to the same bits, or elementwise functions of
+    floats to within a few ulps: :func:`pejit._fold._primitives.folds_alike`), on constants small
     enough to compile in, and no fold that pays would rewrite the program around
     them (``KnownWork.rewrites``), the first value is compiled with them in instead
     (``compile_in``), as ``jax.jit`` compiles the arrays a function closes over:
@@ -170,7 +171,7 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded))
     constants = [v.aval for v in jaxpr.invars[:n]]
     compile_in = (jitted and options.literals and bool(options.min_gain)
-                  and not (pays and work.rewrites) and exact(work.folded)
+                  and not (pays and work.rewrites) and folds_alike(work.folded)
                   and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
                   # a bool compiled in is 0 or 1; passed, any byte (a view of other bits), as jax.jit keeps it
                   and not any(a.dtype == np.bool_ for a in constants))
