@@ -153,19 +153,42 @@ def test_small_elementwise_float_work_is_compiled_in(known):
     assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
 
 
-@pytest.mark.parametrize("known, a", [(jnp.sum, rng.standard_normal(8).astype(np.float32)),
-                                      (jnp.exp, rng.standard_normal(8).astype(np.complex64)),
-                                      (jax.lax.clz, np.arange(-4, 4, dtype=np.int32))], ids=["sum", "complex exp", "clz"])
+@pytest.mark.parametrize("known, a", [(jnp.sum, rng.standard_normal(1 << 16).astype(np.float32)),
+                                      (jnp.exp, rng.standard_normal(1 << 13).astype(np.complex64)),
+                                      (jax.lax.clz, np.arange(-(1 << 15), 1 << 15, dtype=np.int32))],
+                         ids=["sum", "complex exp", "clz"])
 def test_small_inexact_work_is_folded_not_left_to_xla(known, a):
     # XLA's constant folding is an interpreter: its sums' order, its complex functions, even
-    # its clz are not its kernels', so pejit folds these (with the kernels jax.jit's program runs)
+    # its clz are not its kernels', so pejit folds these (with the kernels jax.jit's program
+    # runs), where the fold wins back its compile
     def f(a, x):
         return x * known(a)
 
-    a, x = jnp.asarray(a), jnp.ones(8)
+    a = jnp.asarray(a)
+    x = jnp.ones(a.shape, np.float32)
     spec = pejit(f, constant_argnums=0).specialize(a, x)
     assert isinstance(spec.program.folding_program, FoldingProgram)
     np.testing.assert_allclose(spec.call(x), jax.jit(f)(a, x), rtol=1e-6)
+
+
+def test_a_fold_too_small_to_win_back_its_compile_is_jax_jits_program():
+    # a variance of 12 constants saves a microsecond a call: a folding program's compile
+    # would take 10,000 calls to win back, so the first call is jax.jit's, the constants passed
+    def centred(a, x):
+        return x - jnp.nanvar(a)
+
+    a, x = jnp.asarray(rng.standard_normal(12), jnp.float32), jnp.ones(8)
+    f = pejit(centred, constant_argnums=0)
+    with Compiles() as compiles:
+        out = f(a, x)
+    assert compiles.count == 1 and "centred" in compiles.where[0][0]
+    spec = f.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and not spec.program.compiled_in
+    np.testing.assert_array_equal(out, jax.jit(centred)(a, x))
+    assert "too little to win back a folding program's compile within 10,000 calls" in str(f.report(a, x))
+    # FoldOptions(min_gain=0) folds whatever saves something
+    g = pejit(centred, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0))
+    assert isinstance(g.specialize(a, x).program.folding_program, FoldingProgram)
 
 
 def test_a_fold_that_pays_folds():

@@ -99,7 +99,7 @@ class Pejitted:
           >>> a = jnp.ones(3)
           >>> _ = f(a, jnp.ones(3)); _ = f(a, jnp.ones(3))
           >>> f.cache_info()
-          CacheInfo(hits=1, misses=1, maxsize=128, currsize=1, maxbytes=2147483648, currbytes=0)
+          CacheInfo(hits=1, misses=1, maxsize=128, currsize=1, maxbytes=2147483648, currbytes=12)
         """
         return self._path.cache_info()
 

@@ -243,8 +243,10 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     stats = FoldStats(notes=list(seen.traced.notes))
     work = seen.work
     if work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
+        why = ("under FoldOptions.min_gain" if _cost.fold_repays(work.saved) else
+               f"too little to win back a folding program's compile within {_cost.REPAY_CALLS:,} calls")
         stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False,
-                                       seen.compile_in))
+                                       seen.compile_in, why))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
     if info.jit:

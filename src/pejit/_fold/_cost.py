@@ -13,7 +13,8 @@ The decisions, and who asks:
   of a loop body, branch or custom rule (``Folder``), and a scan's split
   (``rules.loops``); and before anything is evaluated, on what
   :func:`pejit._fold._known.known_work` reads off a jaxpr (a call's first
-  specialization, ``auto``'s promotions);
+  specialization, ``auto``'s promotions), with :func:`fold_repays`: whether
+  a fold wins back what it adds to the first call;
 * :func:`stays_lazy`, :func:`on_the_spot`: whether a known value is stored,
   recomputed by the residual program, or computed at once;
 * :func:`run_compiles`, :func:`one_program_pays`: how the fold evaluates known
@@ -409,6 +410,27 @@ DISPATCH_SECONDS = 40e-6
 COMPILE_SECONDS = 0.05
 COMPILE_SECONDS_PER_EQN = 4e-3
 
+#: The calls within which a fold must win back what it adds to the first call.
+REPAY_CALLS = 10_000
+
+
+def fold_repays(saved: Cost) -> bool:
+    """Whether a fold that saves ``saved`` a call wins back its price on the first call,
+    a folding program's compile (:data:`COMPILE_SECONDS`), within :data:`REPAY_CALLS`
+    calls: 5 us a call on a CPU (by the estimate, reading some 5 kB, or a small
+    factorization).
+    Where it cannot, little folds, and the first call is ``jax.jit``'s (the program with
+    the constants as arguments, or compiled in), for a step that costs at most
+    microseconds more.
+
+    Examples:
+      >>> fold_repays(Cost(flops=148.0, bytes=964.0))  # a variance of 12 constants
+      False
+      >>> fold_repays(Cost(flops=1e7, bytes=4e6, library=1.0))  # a factorization
+      True
+    """
+    return saved.seconds() * REPAY_CALLS >= COMPILE_SECONDS
+
 
 def run_compiles(equations: int, traffic: int, alike: int) -> bool:
     """Whether a run of ``equations`` fusible known equations, which ``alike`` runs of
@@ -454,7 +476,7 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
 __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "XLA_FOLDS_FLOPS", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "compiling_in_folds",
-    "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_pays", "jaxpr_cost", "jaxpr_flops", "matrix_cost",
-    "on_the_spot", "one_program_pays", "program_cost", "promotion_pays", "reassociation_pays", "run_compiles",
-    "share_pays", "stays_lazy",
+    "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_pays", "fold_repays", "jaxpr_cost", "jaxpr_flops",
+    "matrix_cost", "on_the_spot", "one_program_pays", "program_cost", "promotion_pays", "reassociation_pays",
+    "run_compiles", "share_pays", "stays_lazy",
 ]

@@ -19,7 +19,7 @@ from jax.extend.core import Literal
 from jax.extend.core import primitives as P
 
 from .. import _compat
-from ._cost import ZERO, Cost, fold_pays, jaxpr_cost, program_cost, seconds_of, stays_lazy
+from ._cost import ZERO, Cost, fold_pays, fold_repays, jaxpr_cost, program_cost, seconds_of, stays_lazy
 from ._fold_rules import fold_rules
 from ._primitives import CALLBACKS, CALLS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, subjaxprs
 from ._values import nbytes
@@ -41,7 +41,11 @@ class KnownWork(NamedTuple):
     rewrites: tuple = ()
 
     def pays(self, min_gain: float) -> bool:
-        return bool(self.needed) or fold_pays(self.saved, self.total, min_gain)
+        """Whether the fold saves at least ``min_gain`` of a call and wins back what it
+        adds to the first call (:func:`~pejit._fold._cost.fold_repays`; ``min_gain=0``
+        folds whatever saves something), or must run."""
+        return bool(self.needed) or (fold_pays(self.saved, self.total, min_gain)
+                                     and (not min_gain or fold_repays(self.saved)))
 
 
 def known_work(jaxpr, known: Sequence[bool], *, lazy: bool = True, ratio: float = 2.0,

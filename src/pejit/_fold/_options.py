@@ -73,7 +73,10 @@ class FoldOptions:
         least this fraction of the program's per-call cost (estimated by
         `pejit._fold._cost`, see ``fold_pays``); elsewhere the program keeps that
         work, as ``jax.jit``'s does, and the report says so. Each loop body,
-        branch and custom rule decides for itself. 0 folds everything known.
+        branch and custom rule decides for itself. A call's first
+        specialization also asks that the fold win back what it adds to the
+        first call within 10,000 calls (``fold_repays``). 0 folds everything
+        known.
 
     Examples:
       >>> import jax.numpy as jnp

@@ -45,6 +45,7 @@ class Unfolded(NamedTuple):
     total: float
     nested: bool
     compiled_in: bool = False
+    why: str = "under FoldOptions.min_gain"
 
     def __str__(self) -> str:
         where = "a sub-program's " if self.nested else ""
@@ -54,7 +55,7 @@ class Unfolded(NamedTuple):
                     f"XLA folds them as it compiles, for less than a fold ({self.saved:.3g} s a call)")
         return (f"{where}{self.equations} known equations stay in the program: folding them would save "
                 f"{self.saved:.3g} s of {self.total:.3g} s estimated per call ({share:.1%}), "
-                "under FoldOptions.min_gain")
+                f"{self.why}")
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ from . import affine
 from .branches import fold_cond, known_index_saving
 from .calls import fold_checkpoint, fold_jit
 from .custom import fold_custom_jvp, fold_custom_lin, fold_custom_vjp, fold_linear_solve
-from .loops import fold_scan, fold_while
+from .loops import fold_scan, fold_while, while_needs_fold
 from .products import fold_dot_general, reassociation_saving
 from .registry import register_primitive
 from .transposable import fold_pad, pad_needs_fold
@@ -112,4 +112,5 @@ register_primitive(P.linear_solve_p, fold=fold_linear_solve, cost=_cost.linear_s
 # -- control flow (rules.branches, rules.loops): a branch at most, a loop's trips -------------------
 register_primitive(P.cond_p, fold=fold_cond, saving=known_index_saving, cost=_cost.cond)
 register_primitive(P.scan_p, fold=fold_scan, known_by_default=True, cost=_cost.scan)
-register_primitive(P.while_p, fold=fold_while, known_by_default=True, cost=_cost.while_loop)
+register_primitive(P.while_p, fold=fold_while, needed=while_needs_fold, known_by_default=True,
+                   cost=_cost.while_loop)

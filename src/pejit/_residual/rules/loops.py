@@ -264,6 +264,32 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
     return carry_uk, _fold_now(folder, trace, prim, known_args, known_params)
 
 
+def while_needs_fold(eqn, known: set) -> bool:
+    """Whether a ``while`` loop with some inputs unknown has a trip count that known
+    values alone decide (its condition reads known carries only, whatever the body does
+    to the others): the fold makes it a loop of known length
+    (:func:`_while_known_carries`), as JAX's ``fori_loop`` makes a loop whose bounds are
+    concrete a scan, which reverse-mode differentiation needs. Such a program is
+    folded whatever the fold saves (``pejit._fold._known.needed_rules``)."""
+    params = eqn.params
+    cn, bn = params["cond_nconsts"], params["body_nconsts"]
+    unknown = [not (isinstance(a, _compat.Literal) or a in known) for a in eqn.invars]
+    cconst_uk, bconst_uk, carry_uk = unknown[:cn], unknown[cn : cn + bn], unknown[cn + bn :]
+    for _ in range(1 + len(carry_uk)):
+        _, _, out_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
+            params["body_jaxpr"], bconst_uk + carry_uk, instantiate=carry_uk, fwd=False
+        )
+        if out_uk == carry_uk:
+            break
+        carry_uk = [a or b for a, b in zip(carry_uk, out_uk)]
+    if all(carry_uk) or not any(unknown):
+        return False
+    _, _, cond_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
+        params["cond_jaxpr"], cconst_uk + carry_uk, instantiate=False, fwd=False
+    )
+    return not cond_uk[0]
+
+
 def _trip_count_inputs(ck: ClosedJaxpr, bk: ClosedJaxpr, known_args: Sequence[Any], n_c: int, n_b: int) -> list:
     """The inputs of a known while loop (``ck``, ``bk``) that its trip count depends on."""
     cconsts, bconsts, carries = known_args[:n_c], known_args[n_c : n_c + n_b], known_args[n_c + n_b :]
