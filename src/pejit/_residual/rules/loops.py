@@ -231,14 +231,7 @@ def _while_known_carries(folder: Folder, trace, prim, args, params, n_known_c: i
         return None
     cconst_uk = [i >= n_known_c for i in range(cn)]
     bconst_uk = [i >= n_known_b for i in range(bn)]
-    carry_uk = [not folder.is_known(c) for c in init]
-    for _ in range(1 + len(carry_uk)):
-        bk, _, out_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
-            body, bconst_uk + carry_uk, instantiate=carry_uk, fwd=False
-        )
-        if out_uk == carry_uk:
-            break
-        carry_uk = [a or b for a, b in zip(carry_uk, out_uk)]
+    bk, carry_uk = _unknown_carries(body, bconst_uk, [not folder.is_known(c) for c in init])
     if all(carry_uk):
         return None
     ck, _, cond_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
@@ -274,20 +267,26 @@ def while_needs_fold(eqn, known: set) -> bool:
     params = eqn.params
     cn, bn = params["cond_nconsts"], params["body_nconsts"]
     unknown = [not (isinstance(a, _compat.Literal) or a in known) for a in eqn.invars]
-    cconst_uk, bconst_uk, carry_uk = unknown[:cn], unknown[cn : cn + bn], unknown[cn + bn :]
+    _, carry_uk = _unknown_carries(params["body_jaxpr"], unknown[cn : cn + bn], unknown[cn + bn :])
+    if all(carry_uk) or not any(unknown):
+        return False
+    _, _, cond_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
+        params["cond_jaxpr"], unknown[:cn] + carry_uk, instantiate=False, fwd=False
+    )
+    return not cond_uk[0]
+
+
+def _unknown_carries(body: ClosedJaxpr, bconst_uk: list, carry_uk: list) -> tuple[ClosedJaxpr, list]:
+    """``(known body, carries unknown)``: the carries that stay unknown on every trip of
+    ``body`` (a fixpoint, as JAX's partial evaluation of a while loop finds it)."""
     for _ in range(1 + len(carry_uk)):
-        _, _, out_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
-            params["body_jaxpr"], bconst_uk + carry_uk, instantiate=carry_uk, fwd=False
+        bk, _, out_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
+            body, bconst_uk + carry_uk, instantiate=carry_uk, fwd=False
         )
         if out_uk == carry_uk:
             break
         carry_uk = [a or b for a, b in zip(carry_uk, out_uk)]
-    if all(carry_uk) or not any(unknown):
-        return False
-    _, _, cond_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
-        params["cond_jaxpr"], cconst_uk + carry_uk, instantiate=False, fwd=False
-    )
-    return not cond_uk[0]
+    return bk, carry_uk
 
 
 def _trip_count_inputs(ck: ClosedJaxpr, bk: ClosedJaxpr, known_args: Sequence[Any], n_c: int, n_b: int) -> list:
