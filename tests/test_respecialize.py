@@ -2,6 +2,8 @@
 when the residual keeps custom_jvp/custom_vjp calls, branches or loops whose
 structure does not depend on the values; value-dependent ones trace per value."""
 
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -235,6 +237,13 @@ def closing_callback(a, x):
     return jax.pure_callback(lambda y: np.asarray(a) @ y, jax.ShapeDtypeStruct((8,), jnp.float32), x)
 
 
+def closing_rule_collecting(a, x):
+    # a collection during the trace moves its tracers out of the youngest generation:
+    # the search for them then walks the heap
+    gc.collect()
+    return closing_rule(a, x)
+
+
 @pytest.mark.parametrize(
     "fun, reason",
     [
@@ -242,6 +251,7 @@ def closing_callback(a, x):
         (closing_rule, "closes over a constant"),
         (closing_rule_on_a_folded_value, "closes over a constant"),
         (closing_callback, "closes over a constant"),
+        (closing_rule_collecting, "closes over a constant"),
     ],
 )
 def test_closures_over_constants_trace_per_value(fun, reason):

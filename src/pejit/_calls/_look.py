@@ -34,7 +34,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._fold import _cost, _known
+from .._fold import _cost, _gc, _known
 from .._fold._options import FoldOptions
 from .._fold._primitives import folds_alike, subjaxprs
 from .._fold._staging import ClosedOverTracer
@@ -105,6 +105,7 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     try:
         if dynamic is None:
             dynamic = jax.tree_util.tree_unflatten(in_tree, [_struct(a) for a in avals])
+        mark = _gc.collections()
         with noting([]) as notes:
             traced = run.trace(*arrays, *dynamic[0], **dynamic[1])
     except ClosedOverTracer:  # no value would help
@@ -113,7 +114,7 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})")
     closed = traced.jaxpr
-    reason = why_per_value(closed.jaxpr, traces)
+    reason = why_per_value(closed.jaxpr, traces, mark)
     if reason is not None:
         return PerValue(reason)
     return Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))

@@ -22,7 +22,7 @@ import numpy as np
 from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
-from .._fold import _batch, _cost, _offload
+from .._fold import _batch, _cost, _gc, _offload
 from . import _argnums
 from ._dispatch import Layout
 from ._info import PejitInfo
@@ -282,7 +282,7 @@ class Specialization:
         return self.residual.report
 
 
-def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
+def why_per_value(jaxpr, traces: Sequence[weakref.ref], mark: int | None = None) -> str | None:
     """Why a residual traced with abstract constants cannot serve every value, or ``None``.
 
     The folding trace decides as the concrete trace would (an abstract
@@ -297,11 +297,16 @@ def why_per_value(jaxpr, traces: Sequence[weakref.ref]) -> str | None:
       rule or a callback closes over a constant, or over a value computed
       from one, and would run on that tracer later, when differentiated or
       called.
+
+    ``mark``, the collector's count when the traces began (:func:`pejit._fold._gc.collections`):
+    where it is paused and has not run since, the tracers are all in its youngest
+    generation, and only that is searched (not the heap: 10 to 300 ms of a first call).
     """
     name = _closing_custom_call(jaxpr)
     if name is not None:
         return f"the custom_jvp/custom_vjp function {name!r} closes over arrays"
-    if _holds_python(jaxpr) and any(map(_has_live_tracers, traces)):
+    young = mark is not None and _gc.young_since(mark)
+    if _holds_python(jaxpr) and any(_has_live_tracers(t, young) for t in traces):
         return "a custom rule or callback in the residual closes over a constant"
     return None
 
@@ -315,17 +320,26 @@ def _holds_python(jaxpr) -> bool:
                for eqn in jaxpr.eqns)
 
 
-def _has_live_tracers(trace_ref: weakref.ref) -> bool:
-    """Whether tracers of a trace that ended are still alive (JAX's leak check)."""
-    if not _tracers_of(trace_ref):
+def _has_live_tracers(trace_ref: weakref.ref, young: bool = False) -> bool:
+    """Whether tracers of a trace that ended are still alive (JAX's leak check), searched
+    for among the ``young`` objects alone (the collector's youngest generation, where
+    all it made are: see :func:`why_per_value`) or on the whole heap."""
+    if not _tracers_of(trace_ref, (0,) if young else None):
         return False
-    gc.collect()  # perhaps they only live in cycles
-    return _tracers_of(trace_ref)
+    # perhaps they only live in cycles (a young generation's collection moves what it
+    # keeps to the next; one that misses an older cycle finds them alive: the safe answer)
+    gc.collect(0 if young else 2)
+    return _tracers_of(trace_ref, (0, 1) if young else None)
 
 
-def _tracers_of(trace_ref: weakref.ref) -> bool:
+def _tracers_of(trace_ref: weakref.ref, generations: tuple | None) -> bool:
     trace = trace_ref()
-    return trace is not None and any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace))
+    if trace is None:
+        return False
+    if generations is None:
+        return any(isinstance(r, _compat.Tracer) for r in gc.get_referrers(trace))
+    return any(isinstance(o, _compat.Tracer) and any(r is trace for r in gc.get_referents(o))
+               for g in generations for o in gc.get_objects(generation=g))
 
 
 def _closing_custom_call(jaxpr) -> str | None:

@@ -25,11 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _compat
-from .._fold import _cost, _offload, _progress
+from .._fold import _cost, _gc, _offload, _progress
 from .._fold._folding import replay
 from .._fold._stats import FoldStats, Unfolded, label
 from . import _errors, _look, _persist
-from .._fold._gc import pausing
+
 from ._argnums import interleave, runner_signature
 from ._cache import SpecializationCache
 from ._dispatch import Layout
@@ -45,7 +45,7 @@ _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
 
 
-@pausing
+@_gc.pausing
 def specialize(
     info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
     persist: bool = True,
@@ -205,6 +205,7 @@ def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: lis
     progress = _progress.Progress(info.name, _progress.wanted(info.fold_options.progress))
     try:
         try:
+            mark = _gc.collections()
             with progress.stage("trace"):
                 program = FoldingProgram(jax.jit(folding_program).trace(*arrays), backend)
         except ClosedOverTracer:  # no value would help
@@ -212,7 +213,7 @@ def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: lis
         except Exception as e:  # a rule needed a constant's value
             first_line = (str(e).splitlines() or [""])[0]
             return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})"), None
-        reason = why_per_value(state["jaxpr"], state["traces"])
+        reason = why_per_value(state["jaxpr"], state["traces"], mark)
         if reason is not None:
             return PerValue(reason), None
         # Uniform and equal constants are kept small as they are produced (see

@@ -44,6 +44,26 @@ def paused() -> Iterator[None]:
             gc.enable()
 
 
+def collections() -> int:
+    """How many collections the collector has run, in all generations: a mark that
+    :func:`young_since` reads."""
+    return sum(s["collections"] for s in gc.get_stats())
+
+
+def young_since(mark: int) -> bool:
+    """Whether every object made since ``mark`` (:func:`collections`) is still in the
+    collector's youngest generation: it is paused and has not run since (no object
+    made then has moved to an older one), so a search for them need not walk the heap.
+
+    Examples:
+      >>> with paused():
+      ...     mark = collections()
+      ...     young_since(mark), gc.collect(0) >= 0, young_since(mark)
+      (True, True, False)
+    """
+    return not gc.isenabled() and collections() == mark
+
+
 def pausing(fun: F) -> F:
     """``fun`` run with the collector :func:`paused`."""
 
