@@ -172,23 +172,54 @@ def test_small_inexact_work_is_folded_not_left_to_xla(known, a):
 
 
 def test_a_fold_too_small_to_win_back_its_compile_is_jax_jits_program():
-    # a variance of 12 constants saves a microsecond a call: a folding program's compile
+    # a complex exp of 12 constants saves a microsecond a call: a folding program's compile
     # would take 10,000 calls to win back, so the first call is jax.jit's, the constants passed
+    # (XLA's constant folding is not trusted with complex functions)
+    def rotated(a, x):
+        return x * jnp.exp(a).real
+
+    a = jnp.asarray(rng.standard_normal(12) + 1j * rng.standard_normal(12), jnp.complex64)
+    x = jnp.ones(12)
+    f = pejit(rotated, constant_argnums=0)
+    with Compiles() as compiles:
+        out = f(a, x)
+    assert compiles.count == 1 and "rotated" in compiles.where[0][0]
+    spec = f.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and not spec.program.compiled_in
+    np.testing.assert_array_equal(out, jax.jit(rotated)(a, x))
+    assert "too little to win back a folding program's compile within 10,000 calls" in str(f.report(a, x))
+    # FoldOptions(min_gain=0) folds whatever saves something
+    g = pejit(rotated, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0))
+    assert isinstance(g.specialize(a, x).program.folding_program, FoldingProgram)
+
+
+def test_a_small_sum_that_does_not_pay_is_compiled_in():
+    # a variance of 12 constants does not pay a fold either; passed, its constants would
+    # make jax.jit's program slower than with them closed over: compiled in, XLA folds the
+    # sums in an order of its own, as jax.jit does for the arrays a function closes over
     def centred(a, x):
         return x - jnp.nanvar(a)
 
     a, x = jnp.asarray(rng.standard_normal(12), jnp.float32), jnp.ones(8)
-    f = pejit(centred, constant_argnums=0)
+    f, expected = pejit(centred, constant_argnums=0), jax.jit(centred)(a, x)
     with Compiles() as compiles:
-        out = f(a, x)
-    assert compiles.count == 1 and "centred" in compiles.where[0][0]
+        np.testing.assert_allclose(f(a, x), expected, rtol=1e-6)
+    assert compiles.count == 1
     spec = f.specialize(a, x)
-    assert isinstance(spec.program.folding_program, AsGiven) and not spec.program.compiled_in
-    np.testing.assert_array_equal(out, jax.jit(centred)(a, x))
-    assert "too little to win back a folding program's compile within 10,000 calls" in str(f.report(a, x))
-    # FoldOptions(min_gain=0) folds whatever saves something
-    g = pejit(centred, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0))
-    assert isinstance(g.specialize(a, x).program.folding_program, FoldingProgram)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+    assert "XLA folds them" in str(f.report(a, x))
+
+
+def test_a_small_draw_from_a_constant_key_is_compiled_in():
+    # a typed key is compiled in as its key data, as jax.jit compiles a closed-over key
+    def noisy(key, x):
+        return x + jax.random.normal(key, x.shape)
+
+    key, x = jax.random.key(3), jnp.ones(8)
+    f = pejit(noisy, constant_argnums=0)
+    np.testing.assert_allclose(f(key, x), jax.jit(noisy)(key, x), rtol=1e-6)  # (erf_inv: a few ulps)
+    spec = f.specialize(key, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
 
 
 def test_a_fold_that_pays_folds():

@@ -50,8 +50,11 @@ def test_cheap_known_work_stays_in_a_loop_body():
     with f32_products():
         f = pejit(cheap_in_loop, constant_argnums=0)
         x = jnp.ones(256)
-        # nothing worth folding: jax.jit's program, the constant its argument, bit for bit
-        np.testing.assert_array_equal(f(a, x), jax.jit(cheap_in_loop)(a, x))
+        # nothing worth folding: jax.jit's program, the constant compiled in, as jax.jit compiles
+        # a closed-over array (XLA folds the sum of sines in its own order: the last bits differ,
+        # and twenty trips of the product amplify them)
+        np.testing.assert_allclose(f(a, x), jax.jit(cheap_in_loop)(a, x), rtol=1e-5, atol=1e-4)
+    assert f.specialize(a, x).program.compiled_in
     residual = f.specialize(a, x).residual
     assert "sin" in _body_names(residual)  # kept: carrying it in as a constant would not pay
     assert residual.report.unfolded and not residual.report.hoisted

@@ -162,7 +162,10 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     them (``KnownWork.rewrites``), the first value is compiled with them in instead
     (``compile_in``), as ``jax.jit`` compiles the arrays a function closes over:
     XLA folds that work as it compiles, with no folding trace and no folding
-    program, and a call passes no constants.
+    program, and a call passes no constants. Where the fold does not pay, sums and
+    products of floats are left to XLA too, which adds them in its own order: what
+    ``jax.jit`` gives for arrays a function closes over, whose program runs faster
+    than one passed them.
     """
     jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)  # what the traced program closes over, known too
     n = len(consts) + traced.arrays
@@ -172,7 +175,7 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded))
     constants = [v.aval for v in jaxpr.invars[:n]]
     compile_in = (jitted and options.literals and bool(options.min_gain)
-                  and not (pays and work.rewrites) and folds_alike(work.folded)
+                  and not (pays and work.rewrites) and folds_alike(work.folded, rounding=not pays)
                   and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
                   # a bool compiled in is 0 or 1; passed, any byte (a view of other bits), as jax.jit keeps it
                   and not any(a.dtype == np.bool_ for a in constants))

@@ -216,8 +216,9 @@ class Specialization:
     @property
     def compilable_in(self) -> bool:
         """Whether the folded constants can be compiled into the program: small arrays
-        (``pejit._fold._cost.compiled_in``) on one device of this process."""
-        local = all(type(c) is np.ndarray or (type(c) is _compat.ArrayImpl and c.is_fully_addressable
+        (``pejit._fold._cost.compiled_in``) on one device of this process (typed PRNG keys
+        too, which ``jax.jit`` compiles in as their key data)."""
+        local = all(type(c) is np.ndarray or ((type(c) is _compat.ArrayImpl or _is_key(c)) and c.is_fully_addressable
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
         return local and inlinable(self.consts)
 
@@ -280,6 +281,10 @@ class Specialization:
     @property
     def report(self) -> FoldReport:
         return self.residual.report
+
+
+def _is_key(c) -> bool:
+    return isinstance(c, jax.Array) and jax.dtypes.issubdtype(c.dtype, jax.dtypes.prng_key)
 
 
 def why_per_value(jaxpr, traces: Sequence[weakref.ref], mark: int | None = None) -> str | None:

@@ -161,11 +161,13 @@ def call_body(params: dict) -> tuple:
     return getattr(body, "jaxpr", body), getattr(body, "consts", ())
 
 
-def folds_alike(eqns: Sequence[Any]) -> bool:
+def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
     """Whether XLA's constant folding computes ``eqns`` (of a call or a custom rule's
     call: its body's) as its kernels do: each equation is of an :data:`EXACT`
-    primitive, or of an :data:`EXACT_ON_INTEGERS` one on no floats, or of a
-    :data:`FEW_ULPS` one on real floats alone; but a conversion of floats to
+    primitive, or of an :data:`EXACT_ON_INTEGERS` one on no floats (with
+    ``rounding``, on floats too: the same sum, rounded in another order), or of a
+    :data:`FEW_ULPS` one on real floats alone, or a sort of one operand (equal
+    elements are equal, whatever their order); but a conversion of floats to
     integers (out of range, each implementation's own).
 
     Examples:
@@ -178,6 +180,8 @@ def folds_alike(eqns: Sequence[Any]) -> bool:
       True
       >>> folds_alike(jax.make_jaxpr(jnp.sum)(jnp.ones(3)).eqns)  # in its own order of additions
       False
+      >>> folds_alike(jax.make_jaxpr(jnp.sum)(jnp.ones(3)).eqns, rounding=True)
+      True
       >>> folds_alike(jax.make_jaxpr(jnp.sum)(jnp.ones(3, int)).eqns)
       True
     """
@@ -185,10 +189,13 @@ def folds_alike(eqns: Sequence[Any]) -> bool:
         name = e.primitive.name
         if name in CALLS or name in CUSTOM_CALLS:
             body = call_body(e.params)[0]
-            if body is None or not folds_alike(body.eqns):
+            if body is None or not folds_alike(body.eqns, rounding):
                 return False
         elif name in EXACT_ON_INTEGERS:
-            if any(_inexact(v) for v in (*e.invars, *e.outvars)):
+            if not rounding and any(_inexact(v) for v in (*e.invars, *e.outvars)):
+                return False
+        elif name == "sort":
+            if len(e.invars) != 1:
                 return False
         elif name in FEW_ULPS:
             if not all(dtypes.issubdtype(v.aval.dtype, np.floating) for v in (*e.invars, *e.outvars)):
