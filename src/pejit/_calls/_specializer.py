@@ -29,7 +29,6 @@ from .._fold import _cost, _gc, _offload, _progress
 from .._fold._folding import replay
 from .._fold._stats import FoldStats, Unfolded, label
 from . import _errors, _look, _persist
-
 from ._argnums import interleave, runner_signature
 from ._cache import SpecializationCache
 from ._dispatch import Layout

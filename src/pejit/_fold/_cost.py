@@ -418,10 +418,9 @@ def fold_repays(saved: Cost) -> bool:
     """Whether a fold that saves ``saved`` a call wins back its price on the first call,
     a folding program's compile (:data:`COMPILE_SECONDS`), within :data:`REPAY_CALLS`
     calls: 5 us a call on a CPU (by the estimate, reading some 5 kB, or a small
-    factorization).
-    Where it cannot, little folds, and the first call is ``jax.jit``'s (the program with
-    the constants as arguments, or compiled in), for a step that costs at most
-    microseconds more.
+    factorization). Where it cannot, little folds, and the first call is ``jax.jit``'s
+    (the program with the constants compiled in, or as arguments), for a step that
+    costs at most microseconds more.
 
     Examples:
       >>> fold_repays(Cost(flops=148.0, bytes=964.0))  # a variance of 12 constants
