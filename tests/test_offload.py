@@ -235,7 +235,8 @@ def test_while_traced_the_worker_compiles_what_the_batch_runs(monkeypatch, form)
 
     A = np.random.default_rng(0).standard_normal((17, 23)).astype(np.float32)
     x = np.float32(1.0)
-    folded = pejit(f, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0))  # (small: else compiled in)
+    # (small: else compiled in; its fold on the caller's thread, not beside its first call)
+    folded = pejit(f, constant_argnums=0, fold_options=FoldOptions(min_gain=0.0, beside=False))
     out = folded(A, x) if form == "pejit" else pe(A, x, constant_arg_nums=[0])(f)(x)
     if form == "pejit":
         # a folding program's first value of few equations of four kinds is one compiled
@@ -263,7 +264,7 @@ def test_the_first_value_compiles_one_residual(monkeypatch, rows, compiled_in):
     A = np.random.default_rng(1).standard_normal((rows, 40)).astype(np.float32)
     A.setflags(write=False)  # recognized by identity: no digest per call
     x = np.ones(40, np.float32)
-    g = pejit(spread, constant_argnums=0)
+    g = pejit(spread, constant_argnums=0, fold_options=FoldOptions(beside=False))  # the first call folds
     with Compiles() as compiles:
         out = g(A, x)
         g(A, x)

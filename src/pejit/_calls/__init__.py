@@ -11,7 +11,8 @@ named axes); ``_cache`` keeps every cached object under one lock; on a
 miss, ``_look`` traces the function as ``jax.jit`` does and judges
 whether folding can pay, ``_specializer`` folds (once per structure of the
 constants, or per value) or runs ``jax.jit``'s program where nothing is
-worth folding, and ``_persist`` keeps the folded constants on disk across processes
+worth folding, or while ``_beside`` folds on a worker thread (where the fold
+would cost the first call more than it saves), and ``_persist`` keeps the folded constants on disk across processes
 (residual programs written by ``_jaxpr_json``); ``_program`` is what a
 specialization is made of (residual program and its runner, folding
 program, constants); ``_derivatives`` runs a call under a transformation

@@ -32,6 +32,7 @@ keeps the order exact, and a memo never outlives its entry's watchers.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections import OrderedDict
@@ -216,11 +217,34 @@ class SpecializationCache:
             self.nbytes += nbytes
             if indexed:
                 self.index[key.constants] = SEVERAL if key.constants in self.index else key
-            while len(self.entries) > 1 and (
-                (self.maxsize is not None and len(self.entries) > self.maxsize)
-                or (self.maxbytes is not None and self.nbytes > self.maxbytes)
-            ):
-                self._drop(next(iter(self.entries)))
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Drop the least recently used entries over the bounds, but the newest (under the lock)."""
+        while len(self.entries) > 1 and (
+            (self.maxsize is not None and len(self.entries) > self.maxsize)
+            or (self.maxbytes is not None and self.nbytes > self.maxbytes)
+        ):
+            self._drop(next(iter(self.entries)))
+
+    def discard(self, key: Any, value: Any) -> None:
+        """Remove ``key``'s entry if it is still ``value``."""
+        with self._lock:
+            if self.entries.get(key) is value:
+                self.last[0] = NO_MEMO
+                self._drop(key)
+
+    def replace(self, key: Any, old: Any, new: Any, nbytes: int) -> None:
+        """Make ``new`` (``nbytes`` large) ``key``'s entry, watching what ``old`` watched,
+        if it is still ``old`` (not evicted or replaced since)."""
+        with self._lock:
+            if self.entries.get(key) is not old:
+                return
+            self.last[0] = NO_MEMO
+            self.entries[key] = new
+            self.nbytes += nbytes - self._sizes.get(key, 0)
+            self._sizes[key] = nbytes
+            self._shrink()
 
     def _drop(self, key: Any) -> None:
         """Remove ``key``'s entry and what refers to it (under the lock)."""
@@ -295,10 +319,20 @@ class Caches:
                     cache.counts.misses += 1
                     value, watch, nbytes = build(*args)
                     cache.put(key, value, watch=watch, nbytes=nbytes, indexed=True)
+                    if value.pending is not None:  # folding beside (see pejit._calls._beside)
+                        # (weakly: the future is the entry's, and would keep it, and its constants, in a cycle)
+                        value.pending.add_done_callback(functools.partial(self._swap, key, weakref.ref(value)))
                     return value
         cache.counts.hits += 1
         cache.learn(key)
         return value
+
+    def _swap(self, key: CallKey, serving: weakref.ref, pending) -> None:
+        """The fold beside ``serving()`` is ready: its specialization serves ``key`` from now on."""
+        if pending.cancelled() or pending.exception() is not None or serving() is None:
+            return  # jax.jit's program stays (or the entry is gone)
+        folded = pending.result()
+        self.specializations.replace(key, serving(), folded, sum(getattr(c, "nbytes", 0) for c in folded.consts))
 
     def fast_path(self) -> FastPath:
         return self.specializations.fast_path()

@@ -34,7 +34,7 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
-from .._fold import _cost, _gc, _known
+from .._fold import _cost, _device, _gc, _host, _known, _offload
 from .._fold._options import FoldOptions
 from .._fold._primitives import folds_alike, subjaxprs
 from .._fold._staging import ClosedOverTracer
@@ -138,6 +138,7 @@ class Look:
     work: _known.KnownWork
     pays: bool
     compile_in: bool = False
+    beside: bool = False  # the fold runs beside jax.jit's first call (FoldOptions.beside)
 
 
 def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
@@ -166,6 +167,11 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     products of floats are left to XLA too, which adds them in its own order: what
     ``jax.jit`` gives for arrays a function closes over, whose program runs faster
     than one passed them.
+
+    Where the fold pays but would cost the first call more than the compile it
+    saves (:func:`pejit._fold._cost.fold_first`), it runs beside ``jax.jit``'s
+    first call (``Look.beside``, ``FoldOptions.beside``): not for a program with
+    effects, which must run once, in order.
     """
     jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)  # what the traced program closes over, known too
     n = len(consts) + traced.arrays
@@ -183,7 +189,18 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     # all) are a whole pass over a large program that folds anyway
     if (compile_in or not pays) and _folded_anyway(jaxpr, n, work, options):
         return Look(traced, work, True, False)
-    return Look(traced, work, pays, compile_in)
+    beside = (jitted and options.beside and pays and not compile_in and not traced.jaxpr.effects
+              and not _cost.fold_first(work.folded, _compiles_to_fold) and _lowerable(jaxpr))
+    return Look(traced, work, pays, compile_in, beside)
+
+
+def _compiles_to_fold(eqn) -> bool:
+    """Whether the fold compiles a program for ``eqn`` on the folding thread: not where
+    NumPy computes it on the host, nor a kernel compiled beside the trace."""
+    prim, params = eqn.primitive, eqn.params
+    if _device.host_computes() and _host.covers_equation(prim, params):
+        return False
+    return not _offload.worth_a_kernel(prim, params, sum(nbytes(v.aval) for v in eqn.outvars))
 
 
 def _folded_anyway(jaxpr, n: int, work: _known.KnownWork, options: FoldOptions) -> bool:

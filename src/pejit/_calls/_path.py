@@ -38,7 +38,7 @@ import jax
 
 from .. import _compat
 from .._fold._staging import ClosedOverTracer, StagingTrace, specializing
-from . import _errors
+from . import _beside, _errors
 from ._cache import CacheInfo, Caches
 from ._derivatives import jvp_of, traced_call
 from ._dispatch import Layout, dispatcher, memo
@@ -243,7 +243,14 @@ class CallPath:
         _, dyn_kwargs = self._dynamic(args, kwargs, layout)
         key = CallKey(constants_key(layout.const, self.info.fixed_names, args, kwargs),
                       types_key(layout.dyn, args, dyn_kwargs), _compat.axis_env_key())
-        return self.caches.specialization(key, self._build, args, kwargs, layout), layout
+        spec = self.caches.specialization(key, self._build, args, kwargs, layout)
+        if spec.pending is not None:  # the folded program, not the one serving while it folds
+            folded = _beside.settled(spec)
+            if folded is None:  # given up or failed: fold here, as without FoldOptions.beside
+                self.caches.specializations.discard(key, spec)
+                folded = self.caches.specialization(key, self._build, args, kwargs, layout, False)
+            spec = folded
+        return spec, layout
 
     def _dynamic(self, args: tuple, kwargs: dict, layout: Layout) -> tuple[tuple, dict]:
         """The arguments of a call that its specialization takes."""
@@ -252,18 +259,39 @@ class CallPath:
             return layout.dynamic(args), kwargs
         return layout.dynamic(args), {k: v for k, v in kwargs.items() if k not in fixed}
 
-    def _build(self, args: tuple, kwargs: dict, layout: Layout):
-        """A new specialization for this call, the constants it dies with, and its bytes."""
-        const_pos, const_kw, dyn_args, dyn_kwargs = split_call(self.info, args, kwargs, layout)
+    def _build(self, args: tuple, kwargs: dict, layout: Layout, beside: bool = True):
+        """A new specialization for this call, the constants it dies with, and its bytes.
+
+        With ``beside``, a fold that the look runs beside the call starts on the
+        worker (see :mod:`pejit._calls._beside`); the cache swaps it in when ready."""
+        info = self.info
+        const_pos, const_kw, dyn_args, dyn_kwargs = split_call(info, args, kwargs, layout)
+        beside = (beside and info.jit and info.constant_shardings is None and not info.donate_nums
+                  and not info.donate_names and _beside.possible())
         with specializing():
-            spec = specialize(self.info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs)
-        if self.info.jit and self.info.fold_options.literals:
-            spec.compile_in(jit_kwargs_for(self.info, layout, 0))
+            spec = specialize(info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs,
+                              beside=beside)
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
-        _errors.check_constants(self.info.name, const_leaves, self._hints)
-        _errors.check_folded(self.info.name, spec, const_leaves, self._hints)
+        _errors.check_constants(info.name, const_leaves, self._hints)
+        finish = functools.partial(self._finish, layout, const_leaves)
+        finish(spec)
+        if spec.pending is not None:
+            def finish_beside(folded: Specialization) -> None:
+                finish(folded)
+                _beside.compile_ahead(folded, dyn_args, dyn_kwargs)
+
+            _beside.compile_ahead(spec, dyn_args, dyn_kwargs)  # the first result first (see _beside)
+            spec.pending = _beside.start(spec.pending, finish_beside, info.name)
         self._check_respecializing()
         return spec, watched(const_leaves), sum(getattr(c, "nbytes", 0) for c in spec.consts)
+
+    def _finish(self, layout: Layout, const_leaves: list, spec: Specialization) -> None:
+        """What a new specialization needs before it serves: its small constants compiled
+        in, and the check that something folded."""
+        if self.info.jit and self.info.fold_options.literals:
+            spec.compile_in(jit_kwargs_for(self.info, layout, 0))
+        if spec.pending is None:  # (jax.jit's program, serving while the fold runs beside it)
+            _errors.check_folded(self.info.name, spec, const_leaves, self._hints)
 
     def _check_respecializing(self) -> None:
         """Warn, once, when most calls fold (three in four, after 16 folds): a

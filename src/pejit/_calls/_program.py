@@ -15,7 +15,7 @@ import gc
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -199,14 +199,19 @@ class Specialization:
       ['dot_general']
     """
 
-    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual")
+    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual", "pending", "__weakref__")
 
-    def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None):
+    def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None,
+                 pending: Any = None):
         self.program = program
         self.consts = consts
         self.call = functools.partial(program.run, *self.passed)
         self.fold_seconds = fold_seconds
         self._residual = residual
+        # jax.jit's program, serving while the fold runs beside it (FoldOptions.beside):
+        # before it starts, the fold to run (a function); then its future, whose result is
+        # the folded specialization, or None where it was given up (see pejit._calls._beside)
+        self.pending = pending
 
     @property
     def passed(self) -> list:

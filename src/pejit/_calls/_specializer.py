@@ -28,7 +28,7 @@ from .. import _compat
 from .._fold import _cost, _gc, _offload, _progress
 from .._fold._folding import replay
 from .._fold._stats import FoldStats, Unfolded, label
-from . import _errors, _look, _persist
+from . import _beside, _errors, _look, _persist
 from ._argnums import interleave, runner_signature
 from ._cache import SpecializationCache
 from ._dispatch import Layout
@@ -47,12 +47,15 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 @_gc.pausing
 def specialize(
     info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
-    persist: bool = True,
+    persist: bool = True, beside: bool = False,
 ) -> Specialization:
     """Fold for these constants: with a shared program if values don't matter.
 
     With a persistent cache directory (see :mod:`pejit._calls._persist`), folded
-    constants stored by an earlier process are read instead."""
+    constants stored by an earlier process are read instead. With ``beside``
+    (the caller can run a fold on a worker thread), a structure's first fold that
+    the look runs beside the call (``Look.beside``) is not run here: the
+    specialization is ``jax.jit``'s program, and ``pending`` the fold."""
     dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
     avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
     const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
@@ -78,6 +81,11 @@ def specialize(
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
     program = programs.get(skey)
+    if isinstance(program, _beside.Beside):
+        program.wait()
+        program = programs.get(skey)
+        if isinstance(program, _beside.Beside):  # the fold failed: again here, where it raises
+            program = None
     if program is None:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
@@ -85,6 +93,23 @@ def specialize(
                                  avals, jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
                                  runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
             seen = None if isinstance(traced, PerValue) else _look.look(traced, info.fold_options, info.jit)
+        if seen is not None and seen.beside and beside:
+            program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
+
+            def fold_beside() -> Specialization:
+                start = time.perf_counter()
+                program, consts = trace_program(info, layout, seen, arrays, in_tree, avals)
+                programs.put(skey, program)
+                if isinstance(program, PerValue):
+                    out_trees: list = []
+                    vals = ([v for _, v in const_pos], [v for _, v in const_kw])
+                    return specialize_per_value(info, layout, bind_constants(info, where, vals, in_tree, out_trees),
+                                                out_trees, in_tree, avals, program.reason)
+                return Specialization(program, consts, time.perf_counter() - start)
+
+            serving = Specialization(program, consts, time.perf_counter() - start, pending=fold_beside)
+            programs.put(skey, _beside.Beside(serving))  # other values wait for the fold
+            return serving
         if seen is None:
             program = traced
         elif not seen.pays or seen.compile_in:
@@ -242,7 +267,10 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     as_given = AsGiven(consts, seen.compile_in)
     stats = FoldStats(notes=list(seen.traced.notes))
     work = seen.work
-    if work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
+    if seen.beside:
+        stats.notes.append("the fold runs beside the first calls, which run jax.jit's program, the constants "
+                           "passed, until it is ready (FoldOptions.beside)")
+    elif work.folded:  # else nothing depends on the constants alone (see _errors.check_folded)
         why = ("under FoldOptions.min_gain" if _cost.fold_repays(work.saved) else
                f"too little to win back a folding program's compile within {_cost.REPAY_CALLS:,} calls")
         stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False,

@@ -100,6 +100,7 @@ from ._rules import primitive_jvps as primitive_jvps
 from ._rules import remat_p as remat_p
 from ._rules import split_p as split_p
 from ._jit import AXIS_ENV as AXIS_ENV
+from ._jit import carry_config as carry_config
 from ._jit import DISABLE_JIT as DISABLE_JIT
 from ._jit import NO_AXES as NO_AXES
 from ._jit import TRACED_IS_CALLABLE as TRACED_IS_CALLABLE

@@ -25,6 +25,10 @@ and the public API have no cheap or exact equivalent:
   ``_private_parameters=LoweringParameters(for_export=True)``, which is how
   a trace knows it is being exported (:func:`lowering_for_export`). JAX's
   trace can be called from 0.9 on (:data:`TRACED_IS_CALLABLE`).
+* ``config.config_states``: every configuration state, whose thread-local
+  values (``jax.enable_x64(True)`` as a context manager, say) a fold run on
+  another thread must see as the caller's (:func:`carry_config`). Each state
+  has ``get_local``/``swap_local``/``set_local`` from 0.7 on.
 * ``traceback_util.api_boundary`` / ``register_exclusion``: an error raised
   in the user's function while pejit traces it shows the user's frames,
   not pejit's, exactly as ``jax.jit`` hides JAX's (and
@@ -34,6 +38,8 @@ and the public API have no cheap or exact equivalent:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -113,3 +119,37 @@ def as_traced(traced: jax.stages.Traced, cls: type) -> jax.stages.Traced:
 def lowering_for_export(lower_kwargs: dict[str, Any]) -> bool:
     """Whether ``Traced.lower(**lower_kwargs)`` is ``jax.export`` lowering the trace."""
     return bool(getattr(lower_kwargs.get("_private_parameters"), "for_export", False))
+
+
+def carry_config() -> Callable[[], contextlib.AbstractContextManager]:
+    """A context manager factory that sets, in another thread, the configuration this
+    thread runs under (its thread-local values: ``with jax.enable_x64(True)``, a
+    default device, a matmul precision), as a call on this thread would see it.
+
+    Example:
+      >>> import threading, jax
+      >>> with jax.enable_x64(True):
+      ...     carried = carry_config()
+      >>> seen = []
+      >>> def worker():
+      ...     with carried():
+      ...         seen.append(jax.numpy.zeros(1).dtype)
+      >>> t = threading.Thread(target=worker); t.start(); t.join()
+      >>> seen
+      [dtype('float64')]
+    """
+    local = [(state, value) for state in _CONFIG_STATES
+             if (value := state.get_local()) is not _UNSET]
+
+    @contextlib.contextmanager
+    def carried() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for state, value in local:
+                stack.enter_context(state(value))
+            yield
+
+    return carried
+
+
+_CONFIG_STATES = tuple(s for s in config.config_states.values() if hasattr(s, "get_local"))
+_UNSET = config.config_ext.unset if hasattr(config, "config_ext") else object()

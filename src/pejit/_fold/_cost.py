@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from jax.extend.core import Literal
@@ -456,6 +456,43 @@ def one_program_pays(eqns: Sequence[Any]) -> bool:
     return len(eqns) > 1 and one_program < len(distinct) * COMPILE_SECONDS
 
 
+def fold_first(eqns: Sequence[Any], compiles: Callable[[Any], bool]) -> bool:
+    """Whether the first call should wait for the fold of ``eqns`` (the known work, flat)
+    rather than run ``jax.jit``'s program while the fold runs beside it.
+
+    Folded first, the call pays the fold, then compiles a residual without that work;
+    ``jax.jit``'s program compiles it in (:data:`COMPILE_SECONDS_PER_EQN` an equation).
+    The fold's own compiles are those of the equations ``compiles`` says it cannot
+    evaluate without one: each distinct primitive and type compiles a program the
+    first time (the rest is NumPy on the host, or kernels compiled beside the trace).
+    A long chain of arithmetic on constants (TFC's basis, an unrolled recursion) folds
+    for less than XLA compiles it; a factorization and the products around it do not,
+    and wait beside the call.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> poly = jax.make_jaxpr(lambda x: sum(x ** k for k in range(40)))(jnp.ones(8)).eqns
+      >>> fold_first(poly, compiles=lambda e: False)
+      True
+      >>> solve = jax.make_jaxpr(jnp.linalg.cholesky)(jnp.eye(8)).eqns
+      >>> fold_first(solve, compiles=lambda e: True)
+      False
+    """
+    distinct = {(e.primitive.name, tuple(v.aval for v in e.invars), tuple(v.aval for v in e.outvars))
+                for e in _flat(eqns) if compiles(e)}
+    return len(distinct) * COMPILE_SECONDS < sum(map(_compiled_size, eqns)) * COMPILE_SECONDS_PER_EQN
+
+
+def _flat(eqns: Iterable[Any]) -> Iterator[Any]:
+    """``eqns`` with each call replaced by its body's equations (a fold evaluates those)."""
+    for e in eqns:
+        inner = called_jaxpr(e.primitive, e.params)
+        if inner is None:
+            yield e
+        else:
+            yield from _flat(inner.eqns)
+
+
 def _compiled_size(eqn) -> int:
     """Equations an XLA program for ``eqn`` compiles (a call: its body's)."""
     inner = called_jaxpr(eqn.primitive, eqn.params)
@@ -475,7 +512,7 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
 __all__ = [
     "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
     "Typed", "XLA_FOLDS_FLOPS", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "compiling_in_folds",
-    "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_pays", "fold_repays", "jaxpr_cost", "jaxpr_flops",
+    "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_first", "fold_pays", "fold_repays", "jaxpr_cost", "jaxpr_flops",
     "matrix_cost", "on_the_spot", "one_program_pays", "program_cost", "promotion_pays", "reassociation_pays",
     "run_compiles", "share_pays", "stays_lazy",
 ]

@@ -77,6 +77,13 @@ class FoldOptions:
         specialization also asks that the fold win back what it adds to the
         first call within 10,000 calls (``fold_repays``). 0 folds everything
         known.
+      beside: where a call's fold would cost its first call more than the
+        compile it saves (``fold_first``: a factorization and the products
+        around it, not a long chain of arithmetic), the first calls run
+        ``jax.jit``'s program, the constants passed, while the fold and the
+        residual's compile run on a worker thread; the calls after it run
+        the folded program. ``specialize``, ``report``, ``lower`` and
+        ``explain`` wait for the fold. Off, the first call waits for it.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -105,6 +112,7 @@ class FoldOptions:
     affine: bool = True
     affine_max_bytes: int = 16 * 2**20
     min_gain: float = 0.05
+    beside: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

@@ -1,0 +1,189 @@
+"""Folding beside the first call (pejit._calls._beside): jax.jit's program serves while the fold runs."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pejit import FoldOptions, pejit
+from pejit._calls import _specializer
+from pejit._fold import _offload
+from pejit._jit import call_path
+
+from ._util import Counter, primitive_names, x64
+
+two_cores = pytest.mark.skipif(_offload._cores() < 2, reason="one core: nothing runs beside the call")
+
+N = 64
+
+
+def _spd(seed: int, n: int = N, dtype=np.float32) -> np.ndarray:
+    r = np.random.default_rng(seed).standard_normal((n, n))
+    return (r @ r.T + n * np.eye(n)).astype(dtype)
+
+
+def predict(K, y, xq):
+    """A GP-style program: a factorization of the constants, then products with the dynamic input."""
+    L = jnp.linalg.cholesky(K)
+    alpha = jax.scipy.linalg.cho_solve((L, True), y)
+    return jnp.tanh(xq[:, None] * K[:8]) @ alpha
+
+
+def _entry(f):
+    """The specialization a call of ``f`` would run now (its only one)."""
+    (spec,) = call_path(f).caches.specializations.values()
+    return spec
+
+
+def _held(monkeypatch):
+    """Hold every fold beside a call until the returned event is set (the fold's thread noted)."""
+    release, threads = threading.Event(), []
+    trace_program = _specializer.trace_program
+
+    def held(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        assert release.wait(30)
+        return trace_program(*args, **kwargs)
+
+    monkeypatch.setattr(_specializer, "trace_program", held)
+    return release, threads
+
+
+@two_cores
+def test_the_first_call_runs_jax_jits_program_while_the_fold_runs_on_a_worker(monkeypatch):
+    release, threads = _held(monkeypatch)
+    f = pejit(predict, constant_argnums=(0, 1))
+    K, y, xq = _spd(0), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    want = jax.jit(predict)(K, y, xq)
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)  # the fold is held: jax.jit's program served it
+    serving = _entry(f)
+    assert serving.pending is not None and "cholesky" in primitive_names(serving.program.jaxpr)
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)  # and serves until the fold is ready
+    release.set()
+    folded = f.specialize(K, y, xq)  # the staged API waits for the fold
+    assert threads == ["pejit-beside_0"]
+    assert folded.pending is None and "cholesky" not in primitive_names(folded.residual.jaxpr)
+    assert _entry(f) is folded  # swapped in: the calls from now on run it
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)
+    assert f.cache_info()[:2] == (3, 1)  # one specialization, whichever program serves it
+
+
+@two_cores
+def test_after_the_swap_the_memo_serves_the_folded_program():
+    f = pejit(predict, constant_argnums=(0, 1))
+    path = call_path(f)
+    missed = Counter(path.uncached)
+    path.uncached = missed
+    K, y, xq = _spd(1), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    f(K, y, xq)
+    folded = f.specialize(K, y, xq)
+    for _ in range(3):
+        f(K, y, xq)
+    assert missed.calls == 2  # the first call, and the first after the swap (which memoizes it)
+    assert _entry(f) is folded
+
+
+def test_the_decision_is_the_looks():
+    from pejit._calls import _look
+
+    def look(fun, *args):
+        closed = jax.make_jaxpr(fun)(*args)
+        traced = _look.Traced(closed, None, 1, None)
+        return _look.look(traced, FoldOptions())
+
+    K = jnp.asarray(_spd(2))
+    x = jnp.ones(N)
+    # a factorization and the products around it: the fold compiles programs XLA would compile once
+    assert look(lambda K, x: jnp.linalg.solve(K, x), K, x).beside
+    # a long chain of arithmetic on the constants: NumPy folds it for less than XLA compiles it
+    chain = look(lambda K, x: sum(jnp.cos(K * k) for k in range(40)) @ x, K, x)
+    assert chain.pays and not chain.beside
+    # a program with effects runs once, in order: folded first
+    assert not look(lambda K, x: (jax.debug.print("{}", x[0]), jnp.linalg.solve(K, x))[1], K, x).beside
+    # asked not to
+    closed = jax.make_jaxpr(lambda K, x: jnp.linalg.solve(K, x))(K, x)
+    assert not _look.look(_look.Traced(closed, None, 1, None), FoldOptions(beside=False)).beside
+
+
+@two_cores
+def test_beside_off_the_first_call_folds():
+    f = pejit(predict, constant_argnums=(0, 1), fold_options=FoldOptions(beside=False))
+    K, y, xq = _spd(3), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    f(K, y, xq)
+    spec = _entry(f)
+    assert spec.pending is None and "cholesky" not in primitive_names(spec.residual.jaxpr)
+
+
+@two_cores
+def test_under_a_transformation_the_call_folds_on_its_own_thread(monkeypatch):
+    release, threads = _held(monkeypatch)
+    release.set()
+    f = pejit(predict, constant_argnums=(0, 1))
+    K, y, xq = _spd(4), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    g = jax.grad(lambda xq: f(K, y, xq).sum())(xq)
+    np.testing.assert_allclose(g, jax.grad(lambda xq: predict(K, y, xq).sum())(xq), rtol=1e-4)
+    assert threads and set(threads) == {"MainThread"}
+
+
+@two_cores
+def test_another_value_waits_for_the_structures_fold_and_uses_its_folding_program(monkeypatch):
+    release, _ = _held(monkeypatch)
+    f = pejit(predict, constant_argnums=(0, 1))
+    y, xq = np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    f(_spd(5), y, xq)  # served by jax.jit's program, its fold held
+    threading.Timer(0.2, release.set).start()
+    K2 = _spd(6)
+    np.testing.assert_allclose(f(K2, y, xq), jax.jit(predict)(K2, y, xq), rtol=1e-5)
+    spec = f.specialize(K2, y, xq)
+    assert spec.pending is None and "cholesky" not in primitive_names(spec.residual.jaxpr)
+
+
+@two_cores
+def test_a_trace_that_needs_values_folds_each_value_on_the_worker():
+    f = pejit(lambda A, x: jnp.linalg.solve(A, x), constant_argnums=0)  # the rewrite reads A's conditioning
+    A, x = _spd(7), jnp.ones(N)
+    np.testing.assert_allclose(f(A, x), np.linalg.solve(A.astype(np.float64), np.ones(N)), rtol=1e-4)
+    report = f.report(A, x)
+    assert "traced and folded again" in str(report)
+    assert "lu" not in primitive_names(report.after)
+
+
+@two_cores
+def test_a_fold_that_fails_beside_the_call_raises_where_the_staged_api_asks(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the fold broke")
+
+    monkeypatch.setattr(_specializer, "trace_program", broken)
+    f = pejit(predict, constant_argnums=(0, 1))
+    K, y, xq = _spd(8), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    want = jax.jit(predict)(K, y, xq)
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="the fold broke"):
+        f.specialize(K, y, xq)
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)  # jax.jit's program still serves the calls
+
+
+@two_cores
+def test_the_fold_beside_runs_under_the_callers_configuration():
+    f = pejit(predict, constant_argnums=(0, 1))
+    with x64():
+        K, y, xq = _spd(9, dtype=np.float64), np.ones(N), jnp.linspace(0, 1, 8, dtype=jnp.float64)
+        out = f(K, y, xq)
+        spec = f.specialize(K, y, xq)
+    assert out.dtype == jnp.float64
+    assert {c.dtype for c in spec.consts} == {np.dtype(np.float64)}
+
+
+@two_cores
+def test_an_entry_folded_beside_dies_with_its_constant():
+    f = pejit(predict, constant_argnums=(0, 1))
+    K, y, xq = jnp.asarray(_spd(10)), jnp.ones(N), jnp.linspace(0, 1, 8)
+    f(K, y, xq)
+    f.specialize(K, y, xq)
+    assert f.cache_info().currsize == 1
+    del K
+    assert f.cache_info().currsize == 0
