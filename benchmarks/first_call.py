@@ -154,8 +154,9 @@ def build(source: str, name: str, quick: bool) -> tuple:
 
 # -- one worker: one variant's first call in this fresh process ---------------------------------------------------
 
-_JAX_LOG = re.compile(r"Finished (tracing \+ transforming|jaxpr to MLIR module conversion|XLA compilation) "
-                      r"of .* in ([0-9.e+-]+) (?:sec|s)")
+# JAX's messages: "Finished tracing f for jit in ...", "Finished jaxpr to MLIR module conversion jit(f) in ...",
+# "Finished XLA compilation of jit(f) in ..." (older JAX: "Finished tracing + transforming f ...")
+_JAX_LOG = re.compile(r"Finished (tracing|jaxpr to MLIR module conversion|XLA compilation)\b.* in ([0-9.e+-]+) (?:sec|s)")
 _PEJIT_LOG = re.compile(r"pejit .*?: (look|trace|fold|trace and fold|fold \(folding program\)) ([0-9.e+-]+) s$")
 
 
@@ -191,7 +192,7 @@ def worker(source: str, name: str, variant: str, quick: bool) -> dict:
     parts = {"trace": 0.0, "lower": 0.0, "compile": 0.0, "look": 0.0, "fold": 0.0}
     for message in records:
         if (m := _JAX_LOG.search(message)) is not None:
-            kind = {"tracing + transforming": "trace", "jaxpr to MLIR module conversion": "lower"}.get(m[1], "compile")
+            kind = {"tracing": "trace", "jaxpr to MLIR module conversion": "lower"}.get(m[1], "compile")
             parts[kind] += float(m[2])
         elif (m := _PEJIT_LOG.search(message)) is not None:
             parts["look" if m[1] == "look" else "fold"] += float(m[2])

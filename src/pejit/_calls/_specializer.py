@@ -71,11 +71,15 @@ def specialize(
                                    persist=False),
             runner=functools.partial(make_runner, info, layout, in_tree=in_tree), place=functools.partial(place, info),
         )
-    if info.one_value:  # folded now, as asked (the TFC form; auto's promotions, decided by their estimate)
+
+    def per_value(reason: str | None) -> Specialization:  # a fold for these values alone
         out_trees: list = []
         vals = ([v for _, v in const_pos], [v for _, v in const_kw])
         return specialize_per_value(info, layout, bind_constants(info, where, vals, in_tree, out_trees), out_trees,
-                                    in_tree, avals, None)
+                                    in_tree, avals, reason)
+
+    if info.one_value:  # folded now, as asked (the TFC form; auto's promotions, decided by their estimate)
+        return per_value(None)
     nargs = len(layout.const) + len(layout.dyn)
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
@@ -101,10 +105,7 @@ def specialize(
                 program, consts = trace_program(info, layout, seen, arrays, in_tree, avals)
                 programs.put(skey, program)
                 if isinstance(program, PerValue):
-                    out_trees: list = []
-                    vals = ([v for _, v in const_pos], [v for _, v in const_kw])
-                    return specialize_per_value(info, layout, bind_constants(info, where, vals, in_tree, out_trees),
-                                                out_trees, in_tree, avals, program.reason)
+                    return per_value(program.reason)
                 return Specialization(program, consts, time.perf_counter() - start)
 
             serving = Specialization(program, consts, time.perf_counter() - start, pending=fold_beside)
@@ -120,10 +121,7 @@ def specialize(
         if not isinstance(program, PerValue):
             return Specialization(program, consts, time.perf_counter() - start)
     if isinstance(program, PerValue):
-        out_trees: list = []
-        vals = ([v for _, v in const_pos], [v for _, v in const_kw])
-        return specialize_per_value(info, layout, bind_constants(info, where, vals, in_tree, out_trees), out_trees,
-                                    in_tree, avals, program.reason)
+        return per_value(program.reason)
     start = time.perf_counter()
     with _progress.Progress(info.name, False).stage("fold (folding program)"):
         consts = program.folding_program(*arrays)
