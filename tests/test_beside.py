@@ -14,7 +14,7 @@ from pejit._calls import _specializer
 from pejit._fold import _offload
 from pejit._jit import call_path
 
-from ._util import Counter, primitive_names, x64
+from ._util import Counter, primitive_names, requires_jax, x64
 
 two_cores = pytest.mark.skipif(_offload._cores() < 2, reason="one core: nothing runs beside the call")
 
@@ -179,6 +179,8 @@ def test_the_fold_beside_runs_under_the_callers_configuration():
 
 
 @two_cores
+@requires_jax((0, 9), "jax.stages.Traced keeps its arguments (to resolve their shardings when lowered), "
+                      "so a structure's folding program keeps its first constant alive")
 def test_an_entry_folded_beside_dies_with_its_constant():
     f = pejit(predict, constant_argnums=(0, 1))
     K, y, xq = jnp.asarray(_spd(10)), jnp.ones(N), jnp.linspace(0, 1, 8)
@@ -187,3 +189,54 @@ def test_an_entry_folded_beside_dies_with_its_constant():
     assert f.cache_info().currsize == 1
     del K
     assert f.cache_info().currsize == 0
+
+
+def with_rule(K, y, xq):
+    """``predict`` through a custom_jvp function that closes over the constant: folded per value."""
+
+    @jax.custom_jvp
+    def scale(v):
+        return v * K[0, 0]
+
+    scale.defjvp(lambda primals, tangents: (scale(primals[0]), tangents[0] * K[0, 0]))
+    return scale(predict(K, y, xq))
+
+
+@two_cores
+def test_a_rule_closing_over_a_constant_folds_its_value_beside_jax_jits_program(monkeypatch):
+    release, threads = threading.Event(), []
+    per_value = _specializer.specialize_per_value
+
+    def held(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        assert release.wait(30)
+        return per_value(*args, **kwargs)
+
+    monkeypatch.setattr(_specializer, "specialize_per_value", held)
+    f = pejit(with_rule, constant_argnums=(0, 1))
+    K, y, xq = _spd(11), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    want = jax.jit(with_rule)(K, y, xq)
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)  # jax.jit's program: its evaluation runs no rule
+    serving = _entry(f)
+    assert serving.pending is not None and "cholesky" in primitive_names(serving.program.jaxpr)
+    release.set()
+    folded = f.specialize(K, y, xq)
+    assert threads == ["pejit-beside_0"]
+    assert "traced and folded again" in str(folded.report)  # the rule sees the value, as without beside
+    assert "cholesky" not in primitive_names(folded.residual.jaxpr)
+    grad = jax.grad(lambda xq: f(K, y, xq).sum())(xq)
+    np.testing.assert_allclose(grad, jax.grad(lambda xq: with_rule(K, y, xq).sum())(xq), rtol=1e-4)
+
+
+@two_cores
+def test_a_callback_closing_over_a_constant_is_never_run_by_jax_jits_program():
+    def called_back(K, y, xq):  # the callback reads the constant's value when the program runs
+        host = jax.pure_callback(lambda v: (np.asarray(K)[0, 0] * v).astype(v.dtype),
+                                 jax.ShapeDtypeStruct(xq.shape, xq.dtype), xq)
+        return with_rule(K, y, xq) + host
+
+    f = pejit(called_back, constant_argnums=(0, 1))
+    K, y, xq = _spd(12), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    want = with_rule(K, y, xq) + K[0, 0] * xq
+    np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)
+    assert _entry(f).pending is None  # folded on the first call, the callback given the value

@@ -24,8 +24,11 @@ closed over and passed do). The staged API (``specialize``, ``report``,
 (:func:`settled`), and so does another value of the same structure
 (:class:`Beside`), which then folds with the structure's folding program. A
 trace that needs constant values folds this value concretely, still on the
-worker. A fold that fails leaves ``jax.jit``'s program to serve calls; the
-staged API then folds again on the caller's thread, which raises there.
+worker, and so does a program whose custom rules close over constants,
+served meanwhile by ``jax.jit``'s program, whose evaluation runs no rule
+(:attr:`~pejit._calls._program.PerValue.serves`). A fold that fails leaves
+``jax.jit``'s program to serve calls; the staged API then folds again on the
+caller's thread, which raises there.
 
 The worker runs under the caller's configuration (``jax.enable_x64``, a
 default device: :func:`pejit._compat.carry_config`) and context variables

@@ -42,7 +42,7 @@ from .._fold._stats import noting
 from .._fold._values import nbytes
 from .._residual._collapse import collapsible
 from ._keys import OtherSignature, is_array
-from ._program import PerValue, why_per_value
+from ._program import PerValue, evaluates_no_tracer, why_per_value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +114,11 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})")
     closed = traced.jaxpr
+    traced = Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))
     reason = why_per_value(closed.jaxpr, traces, mark)
-    if reason is not None:
-        return PerValue(reason)
-    return Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))
+    if reason is not None:  # jax.jit's program still serves while a value folds beside it
+        return PerValue(reason, traced if evaluates_no_tracer(closed.jaxpr) else None)
+    return traced
 
 
 def _struct(aval) -> jax.ShapeDtypeStruct:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import types
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -166,9 +167,12 @@ class PerValue(NamedTuple):
     residual cannot serve every value (see :func:`why_per_value`): each value
     is folded by tracing the function again, with concrete constants.
     ``reason`` goes into the report's ``fallbacks``, so that this is never
-    silent."""
+    silent. ``serves``, where the trace with abstract constants ran: ``jax.jit``'s
+    program (a :class:`~pejit._calls._look.Traced`), which can serve first calls
+    while the value folds beside them (see :func:`evaluates_no_tracer`)."""
 
     reason: str
+    serves: Any = None
 
 
 def inlinable(consts: Sequence) -> bool:
@@ -319,6 +323,36 @@ def why_per_value(jaxpr, traces: Sequence[weakref.ref], mark: int | None = None)
     if _holds_python(jaxpr) and any(_has_live_tracers(t, young) for t in traces):
         return "a custom rule or callback in the residual closes over a constant"
     return None
+
+
+def evaluates_no_tracer(jaxpr) -> bool:
+    """Whether evaluating ``jaxpr`` runs no Python function that reaches a tracer: a custom
+    rule runs only where the program is differentiated (or batched), a callback on every
+    call (Equinox's checks hold one), and must not close over a constant's tracer."""
+    return not any(eqn.primitive.name.endswith("callback") and _reaches_tracer(eqn.params.get("callback"))
+                   or not all(evaluates_no_tracer(getattr(sub, "jaxpr", sub)) for sub in subjaxprs(eqn.params))
+                   for eqn in jaxpr.eqns)
+
+
+def _reaches_tracer(obj: Any, budget: int = 5000) -> bool:
+    """Whether a tracer is reachable from ``obj`` through closures, defaults, partials and
+    objects' attributes (not modules, classes or a function's globals). Searching past
+    ``budget`` objects counts as found: the safe answer."""
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, (type, types.ModuleType, str, bytes, int, float, np.ndarray)):
+            continue
+        if isinstance(o, _compat.Tracer) or len(seen) > budget:
+            return True
+        seen.add(id(o))
+        if isinstance(o, types.FunctionType):
+            stack += [c.cell_contents for c in o.__closure__ or () if c.cell_contents is not o]
+            stack += [*(o.__defaults__ or ()), *(o.__kwdefaults__ or {}).values()]
+        else:
+            stack += gc.get_referents(o)
+    return False
 
 
 def _holds_python(jaxpr) -> bool:

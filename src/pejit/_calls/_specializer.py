@@ -96,11 +96,16 @@ def specialize(
             traced = _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree,
                                  avals, jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
                                  runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
-            seen = None if isinstance(traced, PerValue) else _look.look(traced, info.fold_options, info.jit)
+            per_values = isinstance(traced, PerValue)
+            # a program folded per value is looked at only to fold its first value beside the call
+            served = traced.serves if per_values and beside else None if per_values else traced
+            seen = None if served is None else _look.look(served, info.fold_options, info.jit)
         if seen is not None and seen.beside and beside:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
 
             def fold_beside() -> Specialization:
+                if per_values:
+                    return per_value(traced.reason)
                 start = time.perf_counter()
                 program, consts = trace_program(info, layout, seen, arrays, in_tree, avals)
                 programs.put(skey, program)
@@ -109,10 +114,11 @@ def specialize(
                 return Specialization(program, consts, time.perf_counter() - start)
 
             serving = Specialization(program, consts, time.perf_counter() - start, pending=fold_beside)
-            programs.put(skey, _beside.Beside(serving))  # other values wait for the fold
+            # other values wait for the structure's fold, or fold their own
+            programs.put(skey, PerValue(traced.reason) if per_values else _beside.Beside(serving))
             return serving
-        if seen is None:
-            program = traced
+        if per_values:
+            program = PerValue(traced.reason)
         elif not seen.pays or seen.compile_in:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
         else:

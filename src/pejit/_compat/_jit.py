@@ -128,15 +128,15 @@ def carry_config() -> Callable[[], contextlib.AbstractContextManager]:
 
     Example:
       >>> import threading, jax
-      >>> with jax.enable_x64(True):
+      >>> with jax.default_matmul_precision("highest"):
       ...     carried = carry_config()
       >>> seen = []
       >>> def worker():
       ...     with carried():
-      ...         seen.append(jax.numpy.zeros(1).dtype)
+      ...         seen.append(jax.config.jax_default_matmul_precision)
       >>> t = threading.Thread(target=worker); t.start(); t.join()
       >>> seen
-      [dtype('float64')]
+      ['highest']
     """
     local = [(state, value) for state in _CONFIG_STATES
              if (value := state.get_local()) is not _UNSET]
