@@ -293,11 +293,11 @@ def test_optimistix_least_squares_folds_work_on_constants_before_the_solve():
 
 def test_optimistix_root_find_with_a_constant_matrix():
     optx = pytest.importorskip("optimistix")
-    a, b = well_conditioned(8, seed=5), rng.standard_normal(8).astype(np.float32)
+    a, b = well_conditioned(8, seed=5), np.random.default_rng(5).standard_normal(8).astype(np.float32)
 
-    def root(a, b):
+    def root(a, b):  # a float32 Newton step cannot always reach 1e-7 (nor can jax.jit's): max_steps raises
         fn = lambda y, args: args[0] @ y + 0.1 * jnp.tanh(y) - args[1]  # noqa: E731
-        return optx.root_find(fn, optx.Newton(rtol=1e-7, atol=1e-7), jnp.zeros(8), args=(a, b)).value
+        return optx.root_find(fn, optx.Newton(rtol=1e-5, atol=1e-5), jnp.zeros(8), args=(a, b)).value
 
     for got, _ in both_forms(root, (jnp.asarray(a),), (jnp.asarray(b),)):
         close(got, jax.jit(root)(a, b), rtol=1e-4, atol=1e-5)
