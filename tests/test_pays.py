@@ -91,6 +91,48 @@ def test_a_fold_that_saves_too_little_keeps_the_program():
     assert not any("reduce_sum" in name for name in folded.report.residual) and not folded.report.unfolded
 
 
+def _scaled_by_a_rule(a, x, traces: list):
+    """A 512x512 product through a custom_jvp function whose rule closes over the constant."""
+    traces.append(1)
+
+    @jax.custom_jvp
+    def scale(v):
+        return v * jnp.sum(a * a)
+
+    scale.defjvp(lambda p, t: (scale(p[0]), t[0] * jnp.sum(a * a) * 2.0))  # not autodiff's: seen in the grad
+    return jnp.tanh(scale(x @ x))
+
+
+def test_a_rule_closing_over_a_constant_keeps_jax_jits_program_where_the_fold_saves_too_little():
+    # the rule would make each value fold again (the residual's rule holds the
+    # constant); where the fold does not pay, jax.jit's program serves every value:
+    # evaluating it runs no rule, and pejit's derivative rule differentiates it
+    traces: list = []
+    f = pejit(functools.partial(_scaled_by_a_rule, traces=traces), constant_argnums=0)
+    x = jnp.asarray(rng.standard_normal((512, 512)) / 16, jnp.float32)
+    plain = functools.partial(_scaled_by_a_rule, traces=[])
+    values = (jnp.tile(SMALL, (4, 4)), jnp.tile(SMALL, (4, 4)) / 2)
+    with f32_products():
+        for a in values:
+            report = f.specialize(a, x).report
+            (why,) = report.fallbacks
+            assert report.unfolded and "closes over arrays" in why and "jax.jit's program serves every value" in why
+            np.testing.assert_allclose(f(a, x), jax.jit(plain)(a, x), rtol=1e-5, atol=1e-5)
+    assert len(traces) == 1  # the look's trace: no value was traced again
+    for a in values:
+        with f32_products():
+            grad = jax.grad(lambda x: f(a, x)[0, 0])(x)
+            np.testing.assert_allclose(grad, jax.grad(lambda x: plain(a, x)[0, 0])(x), rtol=1e-4, atol=1e-6)
+    # JAX differentiates the program itself: each value is traced again, its rule given the value
+    g = pejit(plain, constant_argnums=0, fold_options=FoldOptions(derivatives=False))
+    a = jnp.tile(SMALL, (4, 4))
+    assert any("each new constant value is traced and folded again" in why
+               for why in g.specialize(a, x).report.fallbacks)
+    with f32_products():
+        np.testing.assert_allclose(jax.grad(lambda x: g(a, x)[0, 0])(x), jax.grad(lambda x: plain(a, x)[0, 0])(x),
+                                   rtol=1e-4, atol=1e-6)
+
+
 def test_work_without_a_lowering_folds_whatever_it_saves():
     # a primitive with only an impl cannot stay in a compiled program
     from jax.extend.core import Primitive

@@ -237,7 +237,8 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     themselves, unchanged, no loop body or branch in it closes over a
     constant (JAX folds some work there itself), and no work on the
     constants was folded, recomputed, kept for effects or resolved, and no
-    custom derivative rule (which a derivative folds) reads it.
+    custom derivative rule (which a derivative folds) reads it, nor a fallback
+    explains it.
     """
     if "nothing" in warned:
         return
@@ -249,8 +250,10 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     if _rules_read_constants(spec.program.jaxpr, spec.program.nconsts):  # a derivative may fold their work
         return
     report = spec.report
+    # work on the constants, kept where folding it does not pay, or a custom rule reading
+    # them unseen in jax.jit's program (a per-value fallback): the report says so
     if (report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches
-            or report.unfolded):  # work on the constants, kept where folding it does not pay: the report says so
+            or report.unfolded or report.fallbacks):
         return
     if not report.residual_eqns:
         return

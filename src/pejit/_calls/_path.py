@@ -270,7 +270,7 @@ class CallPath:
                   and not info.donate_names and _beside.possible())
         with specializing():
             spec = specialize(info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs,
-                              beside=beside)
+                              beside=beside, rules_run=self._rules_run())
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(info.name, const_leaves, self._hints)
         finish = functools.partial(self._finish, layout, const_leaves)
@@ -284,6 +284,11 @@ class CallPath:
             spec.pending = _beside.start(spec.pending, finish_beside, info.name)
         self._check_respecializing()
         return spec, watched(const_leaves), sum(getattr(c, "nbytes", 0) for c in spec.consts)
+
+    def _rules_run(self) -> bool:
+        """Whether JAX may run the custom rules inside this path's programs: where it
+        differentiates them itself (see :meth:`_run`), not through pejit's rule."""
+        return not (self.info.jit and self.info.fold_options.derivatives and not self._of_derivative)
 
     def _finish(self, layout: Layout, const_leaves: list, spec: Specialization) -> None:
         """What a new specialization needs before it serves: its small constants compiled

@@ -47,7 +47,7 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 @_gc.pausing
 def specialize(
     info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
-    persist: bool = True, beside: bool = False,
+    persist: bool = True, beside: bool = False, rules_run: bool = True,
 ) -> Specialization:
     """Fold for these constants: with a shared program if values don't matter.
 
@@ -55,7 +55,14 @@ def specialize(
     constants stored by an earlier process are read instead. With ``beside``
     (the caller can run a fold on a worker thread), a structure's first fold that
     the look runs beside the call (``Look.beside``) is not run here: the
-    specialization is ``jax.jit``'s program, and ``pending`` the fold."""
+    specialization is ``jax.jit``'s program, and ``pending`` the fold.
+
+    ``rules_run``: JAX may run the custom rules of the programs here (it
+    differentiates them itself: ``FoldOptions(derivatives=False)``, ``pe``, a
+    derivative's own program). Where it never does, ``jax.jit``'s program of a
+    structure folded per value because its rules close over constants
+    (:attr:`~pejit._calls._program.PerValue.serves`) serves where the fold does not
+    pay, and serves the first calls where the fold runs beside them."""
     dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
     avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
     const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
@@ -68,7 +75,7 @@ def specialize(
                               _compat.axis_env_key())),
             bind=functools.partial(bind_constants, info, where),
             fold=functools.partial(specialize, info, layout, programs, const_pos, const_kw, dyn_args, dyn_kwargs,
-                                   persist=False),
+                                   persist=False, rules_run=rules_run),
             runner=functools.partial(make_runner, info, layout, in_tree=in_tree), place=functools.partial(place, info),
         )
 
@@ -97,8 +104,9 @@ def specialize(
                                  avals, jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
                                  runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
             per_values = isinstance(traced, PerValue)
-            # a program folded per value is looked at only to fold its first value beside the call
-            served = traced.serves if per_values and beside else None if per_values else traced
+            # jax.jit's program of one folded per value, where it can serve: the look
+            # decides whether the fold pays, and whether it runs beside the call
+            served = traced if not per_values else None if rules_run else traced.serves
             seen = None if served is None else _look.look(served, info.fold_options, info.jit)
         if seen is not None and seen.beside and beside:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
@@ -117,10 +125,11 @@ def specialize(
             # other values wait for the structure's fold, or fold their own
             programs.put(skey, PerValue(traced.reason) if per_values else _beside.Beside(serving))
             return serving
-        if per_values:
+        if per_values and (seen is None or seen.pays and not seen.compile_in):
             program = PerValue(traced.reason)
         elif not seen.pays or seen.compile_in:
-            program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
+            program, consts = unfolded_program(info, layout, seen, arrays, in_tree,
+                                               traced.reason if per_values else None)
         else:
             program, consts = trace_program(info, layout, seen, arrays, in_tree, avals)
         programs.put(skey, program)
@@ -260,16 +269,22 @@ def trace_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: lis
     return shared_program(info, layout, in_tree, unshared, consts, run)
 
 
-def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: list, in_tree):
+def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: list, in_tree,
+                     per_value: str | None = None):
     """The program of a structure whose fold cannot pay (``seen``), or whose first value
     XLA folds with its constants compiled in (``seen.compile_in``): ``jax.jit``'s own,
     the constants its leading arguments, run by the ``jax.jit`` function that traced it
     (compiled at the first call, with no second trace); each value's constants are passed
     as they are (:class:`~pejit._calls._program.AsGiven`), but for a first value that is
-    compiled in (:meth:`~pejit._calls._program.Specialization.compile_in`)."""
+    compiled in (:meth:`~pejit._calls._program.Specialization.compile_in`).
+    ``per_value``: why each value would be traced again to fold (a
+    :class:`~pejit._calls._program.PerValue` reason), which the report gives."""
     jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
     as_given = AsGiven(consts, seen.compile_in)
     stats = FoldStats(notes=list(seen.traced.notes))
+    if per_value is not None:
+        stats.notes.append(f"each new constant value would be traced and folded again ({per_value}), for too "
+                           f"little: jax.jit's program serves every value")
     work = seen.work
     if seen.beside:
         stats.notes.append("the fold runs beside the first calls, which run jax.jit's program, the constants "
