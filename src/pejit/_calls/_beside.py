@@ -56,7 +56,7 @@ _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 def possible() -> bool:
     """Whether a fold can run beside the caller: a second core, and the caller at the top level."""
-    return _offload.spare() is not None and _compat.TRACE.value is _compat.eval_trace
+    return _offload.spare_core() and _compat.TRACE.value is _compat.eval_trace
 
 
 def start(fold: Callable[[], Any], finish: Callable[[Any], None], name: str) -> concurrent.futures.Future:

@@ -315,7 +315,13 @@ class Ahead:
 def spare() -> concurrent.futures.Executor | None:
     """The worker, where a second core can run it beside the folding thread (else
     None): for other work of the fold that releases the GIL, after its kernels."""
-    return _pool() if _cores() > 1 else None
+    return _pool() if spare_core() else None
+
+
+def spare_core() -> bool:
+    """Whether this process may run on a second core (without starting the worker,
+    whose module a first call that never needs it does not import)."""
+    return _cores() > 1
 
 
 def _cores() -> int:
