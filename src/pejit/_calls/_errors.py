@@ -237,8 +237,8 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     themselves, unchanged, no loop body or branch in it closes over a
     constant (JAX folds some work there itself), and no work on the
     constants was folded, recomputed, kept for effects or resolved, and no
-    custom derivative rule (which a derivative folds) reads it, nor a fallback
-    explains it.
+    custom derivative rule (which a derivative folds) reads it, even unseen in
+    a thunk (jax.jit's program serving a per-value structure).
     """
     if "nothing" in warned:
         return
@@ -247,13 +247,12 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
         return
     if _holds_constants(spec.program.jaxpr):  # folded into a loop body or branch
         return
-    if _rules_read_constants(spec.program.jaxpr, spec.program.nconsts):  # a derivative may fold their work
-        return
+    program = spec.program
+    if program.rules_close_over_constants or _rules_read_constants(program.jaxpr, program.nconsts):
+        return  # a derivative may fold their work
     report = spec.report
-    # work on the constants, kept where folding it does not pay, or a custom rule reading
-    # them unseen in jax.jit's program (a per-value fallback): the report says so
     if (report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches
-            or report.unfolded or report.fallbacks):
+            or report.unfolded):  # work on the constants, kept where folding it does not pay: the report says so
         return
     if not report.residual_eqns:
         return

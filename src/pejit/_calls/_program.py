@@ -49,7 +49,7 @@ class Program:
     """
 
     __slots__ = ("jaxpr", "nconsts", "out_tree", "stats", "fallbacks", "run", "folding_program", "compiled_in",
-                 "closes_over")
+                 "closes_over", "rules_close_over_constants")
 
     def __init__(
         self, jaxpr, nconsts: int, out_tree, stats: FoldStats, fallbacks: tuple[str, ...], run: Callable,
@@ -66,6 +66,9 @@ class Program:
         self.closes_over = closes_over
         self.folding_program = folding_program
         self.compiled_in = False  # a specialization compiled its constants in (see Specialization.compile_in)
+        # jax.jit's program of a per-value structure: its custom rules close over
+        # constants, inside thunks the jaxpr does not show (see _errors.check_folded)
+        self.rules_close_over_constants = False
 
 
 class FoldingProgram:

@@ -106,7 +106,12 @@ def specialize(
             per_values = isinstance(traced, PerValue)
             # jax.jit's program of one folded per value, where it can serve: the look
             # decides whether the fold pays, and whether it runs beside the call
-            served = traced if not per_values else None if rules_run else traced.serves
+            if not per_values:
+                served = traced
+            elif rules_run:  # JAX may run the rules, closed over the first value's constants
+                served = None
+            else:
+                served = traced.serves
             seen = None if served is None else _look.look(served, info.fold_options, info.jit)
         if seen is not None and seen.beside and beside:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
@@ -301,6 +306,7 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     else:  # pe: the traced program, equation by equation
         run, closes_over = make_runner(info, layout, jaxpr, nconsts, seen.traced.out_tree, in_tree), 0
     program = Program(jaxpr, nconsts, seen.traced.out_tree, stats, (), run, as_given, closes_over)
+    program.rules_close_over_constants = per_value is not None
     return program, place(info, as_given(*arrays), jax.device_put)
 
 
