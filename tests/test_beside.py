@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pejit import FoldOptions, pejit
-from pejit._calls import _specializer
+from pejit._calls import _beside, _specializer
 from pejit._fold import _offload
 from pejit._jit import call_path
 
@@ -70,6 +70,53 @@ def test_the_first_call_runs_jax_jits_program_while_the_fold_runs_on_a_worker(mo
     assert _entry(f) is folded  # swapped in: the calls from now on run it
     np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)
     assert f.cache_info()[:2] == (3, 1)  # one specialization, whichever program serves it
+
+
+def test_the_work_beside_a_call_starts_after_its_first_result():
+    # the trace of a fold or a compile holds Python's lock: it waits for the result the user waits for
+    handed, started = threading.Event(), []
+    out = jnp.arange(3.0)
+
+    def fold():
+        started.append(handed.is_set())
+        return "folded"
+
+    pending = _beside.start(fold, lambda spec: None, "f")
+    handed.wait(0.2)  # (time for a worker that did not wait to start)
+    assert not pending.done() and started == []
+    handed.set()
+    _beside.first_result(pending, out)
+    assert pending.result(30) == "folded" and started == [True]
+    _beside.first_result(pending, out)  # (once: a second hand-over is no-op)
+
+
+def test_a_staged_call_waiting_for_the_work_beside_starts_it():
+    pending = _beside.start(lambda: "folded", lambda spec: None, "f")
+
+    class Serving:  # (a specialization serving while it folds)
+        pass
+
+    serving = Serving()
+    serving.pending = pending
+    assert _beside.settled(serving) == "folded"
+
+
+@two_cores
+def test_small_constants_compile_in_beside_the_first_calls():
+    # jax.jit's program, which a fold would not pay for: the first call runs it with the
+    # constants passed, and XLA compiles them in beside it, for the calls after it
+    def shifted(a, x):
+        return x - jnp.nanmin(a)
+
+    a, x = jnp.asarray(np.random.default_rng(7).standard_normal(200), jnp.float32), jnp.ones(8)
+    f = pejit(shifted, constant_argnums=0)
+    want = jax.jit(shifted)(a, x)
+    np.testing.assert_array_equal(f(a, x), want)
+    compiled_in = f.specialize(a, x)  # (waits for it)
+    assert compiled_in.pending is None and compiled_in.program.compiled_in
+    assert _entry(f) is compiled_in  # swapped in
+    assert "reduce(" not in compiled_in.call.lower(x).compile().as_text()  # XLA folded the nanmin
+    np.testing.assert_array_equal(f(a, x), want)
 
 
 @two_cores

@@ -7,12 +7,15 @@ on wall-clock times (``benchmarks/first_call.py`` measures those).
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pejit import FoldOptions, pejit
+from pejit._calls import _beside
 from pejit._calls._program import AsGiven, FoldingProgram
 from pejit._jit import call_path
 
@@ -65,18 +68,22 @@ def test_a_library_call_on_small_constants_is_folded():
     assert primitive_names(spec.program.jaxpr) == ["dot_general"]
 
 
-def test_small_work_on_small_constants_is_left_to_xla_with_them_compiled_in():
+@pytest.mark.parametrize("beside", [True, False])
+def test_small_work_on_small_constants_is_left_to_xla_with_them_compiled_in(beside):
     # a nanmin of 200 constants saves a share of a call: XLA folds it as it compiles them in,
-    # as jax.jit does for the arrays a function closes over, with no folding program
+    # as jax.jit does for the arrays a function closes over, with no folding program; beside
+    # the first calls, which run jax.jit's program, the constants passed, as jax.jit compiles it
     def shifted(a, x):
         return x - jnp.nanmin(a)
 
     a, x = jnp.asarray(rng.standard_normal(200), jnp.float32), jnp.ones(8)
-    f = pejit(shifted, constant_argnums=0)
+    f = pejit(shifted, constant_argnums=0, fold_options=FoldOptions(beside=beside))
     with Compiles() as compiles:
         out = f(a, x)
-    assert compiles.count == 1  # one program: the constants compiled in
-    spec = f.specialize(a, x)
+        spec = f.specialize(a, x)  # (once compiled in)
+    caller = threading.current_thread().name
+    assert [where for _, where in compiles.where].count(caller) == 1  # one program before the first result
+    assert compiles.count == 1 + (beside and _beside.possible())  # and the one compiled in, beside it
     assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
     np.testing.assert_array_equal(out, jax.jit(shifted)(a, x))
     assert "XLA folds them" in str(f.report(a, x))
@@ -86,7 +93,8 @@ def test_small_work_on_small_constants_is_left_to_xla_with_them_compiled_in():
     with Compiles() as compiles:
         np.testing.assert_array_equal(f(b, x), jax.jit(shifted)(b, x))
         f(b + 1.0, x)
-    assert compiles.count == 1 and f.specialize(b, x).consts[-1] is b
+    # (compiled by the first call, where the constants compiled in beside it)
+    assert compiles.count == (not (beside and _beside.possible())) and f.specialize(b, x).consts[-1] is b
 
 
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")

@@ -10,10 +10,19 @@ that. Where the look says so (``Look.beside``, from
 ``jax.jit``'s program with the constants passed, and its ``pending`` fold
 runs here, on one worker thread: the folding trace, the first value, the
 residual's compile (:func:`start`), once the caller has compiled
-``jax.jit``'s program (:func:`compile_ahead`): on two cores the fold would
-slow that compile down (XLA's codegen runs on several threads), and the
-first result is what the user waits for. With one core nothing runs
-beside: the first call folds.
+``jax.jit``'s program (:func:`compile_ahead`) and has its first result
+(:func:`first_result`): on two cores the fold would slow that compile and
+that run down (XLA's codegen and its CPU kernels run on several threads,
+and a fold's trace holds Python's lock), and the first result is what the
+user waits for. With one core nothing runs beside: the first call folds.
+
+The same worker compiles in the small constants of ``jax.jit``'s own
+program where the fold does not pay (``Look.compile_in``): the first calls
+run it as ``jax.jit`` runs it, the constants passed, while XLA compiles a
+copy with them in, folding their work as it does for the arrays a function
+closes over, for later calls
+(:meth:`~pejit._calls._program.Specialization.compiled_in`); compiled on the
+first call, they would add XLA's folding to that call's compile.
 
 When the fold is ready, the cache swaps it in for the call's key
 (:meth:`pejit._calls._cache.Caches.specialization`): the next call runs the
@@ -34,7 +43,8 @@ The worker runs under the caller's configuration (``jax.enable_x64``, a
 default device: :func:`pejit._compat.carry_config`) and context variables
 (a device profile asked for). Only calls at the top
 level fold beside (not under a transformation, nor with donated arguments,
-nor with placed constants), and only programs without effects.
+nor with placed constants), and only programs without effects (a compile
+beside, which runs nothing, also those with effects).
 """
 
 from __future__ import annotations
@@ -43,15 +53,24 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import sys
+import time
+import weakref
 from collections.abc import Callable
+
+# (imported with pejit, not by the first call that starts the worker: its module's
+# import is a millisecond or two of that call)
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import jax
 
 from .. import _compat
 from .._fold import _gc, _offload
 from .._fold._staging import specializing
 
 _log = logging.getLogger("pejit")
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool: ThreadPoolExecutor | None = None
 
 
 def possible() -> bool:
@@ -61,18 +80,71 @@ def possible() -> bool:
 
 def start(fold: Callable[[], Any], finish: Callable[[Any], None], name: str) -> concurrent.futures.Future:
     """Run ``fold()`` (the folded specialization) on the worker, then ``finish`` on it (the
-    checks of a new specialization, and its compile)."""
+    checks of a new specialization, and its compile), once the call it runs beside has
+    its first result (:func:`first_result`); then what :func:`when_ready` asked for."""
     global _pool
     if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pejit-beside")
+        _pool = ThreadPoolExecutor(1, thread_name_prefix="pejit-beside")
     context = contextvars.copy_context()  # pejit's own settings (a device profile asked for)
-    return _pool.submit(context.run, _run, _compat.carry_config(), fold, finish, name)
+    job = _Job(fold, finish)
+    pending = _pool.submit(context.run, _run, _compat.carry_config(), job, name)
+    _jobs[pending] = job
+    return pending
 
 
-def _run(carried, fold: Callable[[], Any], finish: Callable[[Any], None], name: str) -> Any:
+class _Job:
+    """A fold beside a call: its work, the call's first result it waits for (a future
+    the caller sets), and what to do with the folded specialization before anyone
+    waiting for it wakes (the cache's swap)."""
+
+    __slots__ = ("work", "first", "ready")
+
+    def __init__(self, fold: Callable[[], Any], finish: Callable[[Any], None]):
+        self.work: tuple | None = (fold, finish)
+        self.first: concurrent.futures.Future = concurrent.futures.Future()
+        self.ready: list[Callable[[Any], None]] = []
+
+
+#: The job of each pending fold, until it has started.
+_jobs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: How long a fold waits for its call's first result before it starts anyway (a call
+#: that never hands it over must not leave it waiting for ever).
+_FIRST_WAIT = 30.0
+
+
+def first_result(pending: Any, out: Any) -> None:
+    """The call that ``pending`` (a specialization's ``pending``) runs beside has
+    dispatched its result ``out`` (None: it has none, or someone waits for the fold):
+    the fold starts once ``out`` is ready. Until then it would take the interpreter
+    and a core from what the user waits for: the trace and lowering of a fold or of a
+    compile hold Python's lock, and the first execution uses every core."""
+    job = None if callable(pending) else _jobs.get(pending)
+    if job is not None and not job.first.done():
+        job.first.set_result(out)
+
+
+def when_ready(pending: concurrent.futures.Future, then: Callable[[Any], None]) -> None:
+    """Call ``then`` with the folded specialization on the worker, before ``pending``
+    resolves: whoever waits for it (the staged API) finds what ``then`` did done."""
+    _jobs[pending].ready.append(then)
+
+
+def _run(carried, job: _Job, name: str) -> Any:
+    try:
+        jax.block_until_ready(job.first.result(_FIRST_WAIT))
+        # the caller, woken by the same result, takes it first (it waits for the
+        # interpreter's lock, which this thread would hold for a switch interval)
+        time.sleep(sys.getswitchinterval())
+    except Exception as e:  # noqa: BLE001 -- a late or failed first result: start anyway
+        _log.debug("pejit %s: the fold beside starts without the first result (%s)", name, type(e).__name__)
+    (fold, finish), job.work = job.work, None  # (the constants are the entry's to keep alive, not the job's)
     with carried(), _gc.paused(), specializing():
         spec = fold()
         finish(spec)
+    del fold, finish
+    for then in job.ready:
+        then(spec)
     _log.debug("pejit %s: the fold beside the first call is ready", name)
     return spec
 
@@ -99,6 +171,7 @@ def settled(spec: Any) -> Any:
     pending = spec.pending
     if pending is None:
         return spec
+    first_result(pending, None)  # (waited for: start now)
     try:
         return pending.result()
     except Exception:  # noqa: BLE001 -- raised again by the caller's own fold
@@ -116,4 +189,4 @@ def compile_ahead(spec: Any, dyn_args: tuple, dyn_kwargs: dict) -> None:
         pass
 
 
-__all__ = ["Beside", "compile_ahead", "possible", "settled", "start"]
+__all__ = ["Beside", "compile_ahead", "first_result", "possible", "settled", "start", "when_ready"]

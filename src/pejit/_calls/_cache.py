@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from .._fold import _batch
+from . import _beside
 from ._keys import CallKey
 
 #: Specializations a function keeps by default (``functools.lru_cache``'s
@@ -320,19 +321,17 @@ class Caches:
                     value, watch, nbytes = build(*args)
                     cache.put(key, value, watch=watch, nbytes=nbytes, indexed=True)
                     if value.pending is not None:  # folding beside (see pejit._calls._beside)
-                        # (weakly: the future is the entry's, and would keep it, and its constants, in a cycle)
-                        value.pending.add_done_callback(functools.partial(self._swap, key, weakref.ref(value)))
+                        # (weakly: the job would keep the entry, and its constants, alive)
+                        _beside.when_ready(value.pending, functools.partial(self._swap, key, weakref.ref(value)))
                     return value
         cache.counts.hits += 1
         cache.learn(key)
         return value
 
-    def _swap(self, key: CallKey, serving: weakref.ref, pending) -> None:
+    def _swap(self, key: CallKey, serving: weakref.ref, folded: Any) -> None:
         """The fold beside ``serving()`` is ready: its specialization serves ``key`` from now on."""
-        if pending.cancelled() or pending.exception() is not None or serving() is None:
-            return  # jax.jit's program stays (or the entry is gone)
-        folded = pending.result()
-        self.specializations.replace(key, serving(), folded, sum(getattr(c, "nbytes", 0) for c in folded.consts))
+        if serving() is not None:  # (else the entry is gone)
+            self.specializations.replace(key, serving(), folded, sum(getattr(c, "nbytes", 0) for c in folded.consts))
 
     def fast_path(self) -> FastPath:
         return self.specializations.fast_path()

@@ -45,7 +45,7 @@ from ._dispatch import Layout, dispatcher, memo
 from ._info import PejitInfo, jit_options, parse_pejit_arguments, positions, split_call
 from ._keys import CallKey, TracedConstant, constant_key, constants_key, is_array, types_key, watched
 from ._passthrough import JitPath
-from ._program import OtherSignature, Specialization, jit_kwargs_for
+from ._program import AsGiven, OtherSignature, Specialization, jit_kwargs_for
 from ._specializer import specialize
 from ._stages import Lowered, Traced
 
@@ -144,7 +144,14 @@ class CallPath:
             # (or fails on a leaked one, as jax.jit's call does).
             return self.info.fun(*args, **kwargs)
         self._memoize(args, kwargs, layout, key, spec)
-        return self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
+        if spec.pending is None:
+            return self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
+        out = None
+        try:
+            out = self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
+            return out
+        finally:  # the work beside this call starts after its first result (see _beside.first_result)
+            _beside.first_result(spec.pending, out)
 
     def _run(self, spec: Specialization, args: tuple, kwargs: dict, layout: Layout, dyn_args: tuple,
              dyn_kwargs: dict):
@@ -274,7 +281,7 @@ class CallPath:
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(info.name, const_leaves, self._hints)
         finish = functools.partial(self._finish, layout, const_leaves)
-        finish(spec)
+        finish(spec, beside and info.fold_options.beside)
         if spec.pending is not None:
             def finish_beside(folded: Specialization) -> None:
                 finish(folded)
@@ -290,13 +297,20 @@ class CallPath:
         differentiates them itself (see :meth:`_run`), not through pejit's rule."""
         return not (self.info.jit and self.info.fold_options.derivatives and not self._of_derivative)
 
-    def _finish(self, layout: Layout, const_leaves: list, spec: Specialization) -> None:
+    def _finish(self, layout: Layout, const_leaves: list, spec: Specialization, beside: bool = False) -> None:
         """What a new specialization needs before it serves: its small constants compiled
-        in, and the check that something folded."""
+        in (``beside`` the first calls, where it is ``jax.jit``'s program: see
+        :meth:`~pejit._calls._program.Specialization.compiled_in`), and the check that
+        something folded."""
+        if spec.pending is not None:  # (jax.jit's program, serving while the fold runs beside it)
+            return
         if self.info.jit and self.info.fold_options.literals:
-            spec.compile_in(jit_kwargs_for(self.info, layout, 0))
-        if spec.pending is None:  # (jax.jit's program, serving while the fold runs beside it)
-            _errors.check_folded(self.info.name, spec, const_leaves, self._hints)
+            jit_kwargs = jit_kwargs_for(self.info, layout, 0)
+            if beside and spec.compiles_in and isinstance(spec.program.folding_program, AsGiven):
+                spec.pending = functools.partial(spec.compiled_in, jit_kwargs)
+            else:
+                spec.compile_in(jit_kwargs)
+        _errors.check_folded(self.info.name, spec, const_leaves, self._hints)
 
     def _check_respecializing(self) -> None:
         """Warn, once, when most calls fold (three in four, after 16 folds): a

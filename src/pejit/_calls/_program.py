@@ -234,9 +234,18 @@ class Specialization:
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
         return local and inlinable(self.consts)
 
+    @property
+    def compiles_in(self) -> bool:
+        """Whether ``compile_in`` compiles this value's constants in: the structure's
+        first value, where they are ``compilable_in``, but not where ``jax.jit``'s own
+        program folds nothing (it runs as ``jax.jit`` runs it, the constants passed)."""
+        as_given = self.program.folding_program
+        return (bool(self.consts) and not self.program.compiled_in and self.compilable_in
+                and not (isinstance(as_given, AsGiven) and not as_given.compile_in))
+
     def compile_in(self, jit_kwargs: dict) -> None:
         """Call a program with the folded constants compiled in, as ``jax.jit`` compiles
-        the arrays a function closes over, where they are ``compilable_in``.
+        the arrays a function closes over, where it ``compiles_in``.
 
         XLA then specializes the program to their values: it folds what
         depends on them, turns gathers at known indices into slices, and
@@ -253,16 +262,14 @@ class Specialization:
         one is not compiled ahead for it, see
         `pejit._calls._specializer.runner_ahead`: a large program compiles
         for seconds, and a first call should compile it once, not once per
-        variant).
+        variant), unless it compiles beside the first calls (``compiled_in``).
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """
-        as_given = self.program.folding_program
-        if (not self.consts or self.program.compiled_in or not self.compilable_in
-                or isinstance(as_given, AsGiven) and not as_given.compile_in):
-            return  # (jax.jit's own program, which folds nothing: run as jax.jit runs it, the constants passed)
+        if not self.compiles_in:
+            return
         self.program.compiled_in = True
-        if isinstance(as_given, AsGiven):  # jax.jit's function, called inside: its trace serves again
+        if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, called inside: its trace serves
             run, consts = self.program.run, self.passed
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
             run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
@@ -272,6 +279,16 @@ class Specialization:
 
         residual.__name__ = residual.__qualname__ = getattr(run, "__name__", "residual")
         self.call = jax.jit(residual, **jit_kwargs)
+
+    def compiled_in(self, jit_kwargs: dict) -> Specialization:
+        """This specialization with its constants compiled in (``compile_in``), a copy:
+        where it is ``jax.jit``'s program, the first calls run it as ``jax.jit`` does, the
+        constants passed, while XLA compiles them in beside them (see
+        ``pejit._calls._beside``), for what they would add to the first call's
+        compile (XLA folding their work)."""
+        spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
+        spec.compile_in(jit_kwargs)
+        return spec
 
     @property
     def run(self) -> Callable:
