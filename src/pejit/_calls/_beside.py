@@ -21,7 +21,7 @@ program where the fold does not pay (``Look.compile_in``): the first calls
 run it as ``jax.jit`` runs it, the constants passed, while XLA compiles a
 copy with them in, folding their work as it does for the arrays a function
 closes over, for later calls
-(:meth:`~pejit._calls._program.Specialization.compiled_in`); compiled on the
+(:meth:`~pejit._calls._program.Specialization.compile_in_beside`); compiled on the
 first call, they would add XLA's folding to that call's compile.
 
 When the fold is ready, the cache swaps it in for the call's key

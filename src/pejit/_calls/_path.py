@@ -300,14 +300,14 @@ class CallPath:
     def _finish(self, layout: Layout, const_leaves: list, spec: Specialization, beside: bool = False) -> None:
         """What a new specialization needs before it serves: its small constants compiled
         in (``beside`` the first calls, where it is ``jax.jit``'s program: see
-        :meth:`~pejit._calls._program.Specialization.compiled_in`), and the check that
+        :meth:`~pejit._calls._program.Specialization.compile_in_beside`), and the check that
         something folded."""
         if spec.pending is not None:  # (jax.jit's program, serving while the fold runs beside it)
             return
         if self.info.jit and self.info.fold_options.literals:
             jit_kwargs = jit_kwargs_for(self.info, layout, 0)
             if beside and spec.compiles_in and isinstance(spec.program.folding_program, AsGiven):
-                spec.pending = functools.partial(spec.compiled_in, jit_kwargs)
+                spec.pending = spec.compile_in_beside(jit_kwargs)
             else:
                 spec.compile_in(jit_kwargs)
         _errors.check_folded(self.info.name, spec, const_leaves, self._hints)

@@ -262,13 +262,31 @@ class Specialization:
         one is not compiled ahead for it, see
         `pejit._calls._specializer.runner_ahead`: a large program compiles
         for seconds, and a first call should compile it once, not once per
-        variant), unless it compiles beside the first calls (``compiled_in``).
+        variant), unless it compiles beside the first calls (``compile_in_beside``).
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """
-        if not self.compiles_in:
-            return
+        if self.compiles_in:
+            self.program.compiled_in = True
+            self.call = self._constants_in(jit_kwargs)
+
+    def compile_in_beside(self, jit_kwargs: dict) -> Callable[[], Specialization]:
+        """The work of ``compile_in`` for a worker, where this is ``jax.jit``'s program: a
+        copy of this specialization with its constants compiled in. The first calls run
+        this one as ``jax.jit`` runs it, the constants passed, while XLA compiles them in
+        beside them (see ``pejit._calls._beside``), for what they would add to the
+        first call's compile (XLA folding their work). Other values of the structure
+        pass theirs, as after ``compile_in``."""
         self.program.compiled_in = True
+        return functools.partial(self._compiled_in, jit_kwargs)
+
+    def _compiled_in(self, jit_kwargs: dict) -> Specialization:
+        spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
+        spec.call = spec._constants_in(jit_kwargs)
+        return spec
+
+    def _constants_in(self, jit_kwargs: dict) -> Callable:
+        """This value's program with its constants compiled in (see ``compile_in``)."""
         if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, called inside: its trace serves
             run, consts = self.program.run, self.passed
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
@@ -278,17 +296,7 @@ class Specialization:
             return run(*consts, *args, **kwargs)
 
         residual.__name__ = residual.__qualname__ = getattr(run, "__name__", "residual")
-        self.call = jax.jit(residual, **jit_kwargs)
-
-    def compiled_in(self, jit_kwargs: dict) -> Specialization:
-        """This specialization with its constants compiled in (``compile_in``), a copy:
-        where it is ``jax.jit``'s program, the first calls run it as ``jax.jit`` does, the
-        constants passed, while XLA compiles them in beside them (see
-        ``pejit._calls._beside``), for what they would add to the first call's
-        compile (XLA folding their work)."""
-        spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
-        spec.compile_in(jit_kwargs)
-        return spec
+        return jax.jit(residual, **jit_kwargs)
 
     @property
     def run(self) -> Callable:
