@@ -77,6 +77,20 @@ def _counting(f):
     return missed
 
 
+def test_a_layouts_dispatcher_is_generated_by_its_second_call():
+    # generating it is a share of a small program's first call, and a function called once needs none
+    f = pj(lambda a, x: a * x, constant_argnums=0)
+    path = call_path(f)
+    a, x = jnp.full(3, 2.0), jnp.arange(3.0)
+    np.testing.assert_array_equal(f(a, x), a * x)
+    assert path.layout(2).dispatch is None and path.dispatch is path._routing
+    np.testing.assert_array_equal(f(a, x), a * x)  # through the cache: a hit
+    dispatch = path.layout(2).dispatch
+    assert dispatch is not None and path.dispatch is dispatch
+    np.testing.assert_array_equal(f(a, 2 * x), a * 2 * x)
+    assert f.cache_info()[:2] == (2, 1)
+
+
 @pytest.mark.parametrize("args, kwargs, jit_kwargs", [k[1:] for k in KINDS], ids=[k[0] for k in KINDS])
 def test_every_kind_of_dynamic_argument_is_served_by_the_memo(args, kwargs, jit_kwargs):
     f = pj(_f, constant_argnums=0, fold_options=NOT_BESIDE, **jit_kwargs)

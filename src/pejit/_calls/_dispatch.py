@@ -35,19 +35,17 @@ from ._keys import IMMUTABLE_SCALARS, OtherSignature, fixed_array, frozen_parts,
 class Layout(NamedTuple):
     """Where the constants are in a call with a given number of positional arguments.
 
-    ``dynamic(args)`` picks the dynamic arguments; ``dispatch(*args, **kwargs)``
-    is the call itself, through the cache (see :func:`dispatcher`).
+    ``dispatch(*args, **kwargs)`` is the call itself, through the cache (see
+    :func:`dispatcher`), once generated.
     """
 
     const: tuple[int, ...]
     dyn: tuple[int, ...]
-    dynamic: Callable[[tuple], tuple]
-    dispatch: Callable | None
+    dispatch: Callable | None = None
 
-    @classmethod
-    def of(cls, const: tuple[int, ...], dyn: tuple[int, ...], dispatch: Callable | None = None) -> Layout:
-        """The layout with constants at ``const`` and dynamic arguments at ``dyn``."""
-        return cls(const, dyn, straight_line([f"args[{i}]" for i in dyn]), dispatch)
+    def dynamic(self, args: tuple) -> tuple:
+        """The dynamic arguments among a call's ``args``."""
+        return tuple(args[i] for i in self.dyn)
 
 
 _SOURCE = """
@@ -193,8 +191,3 @@ def _trees_unchanged(arrays: Callable[[], bool] | None, trees: list[tuple]) -> b
     each tree's key what it was."""
     return (arrays is None or arrays()) and all(same_constant(i, c, k) for i, c, k in trees)
 
-
-def straight_line(elements: list[str]) -> Callable[[tuple], tuple]:
-    """``lambda args: (elements...)``, generated; ``elements`` use integer positions only."""
-    body = "".join(f"{e}, " for e in elements)
-    return eval(f"lambda args: ({body})")  # noqa: S307

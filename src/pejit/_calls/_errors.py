@@ -118,10 +118,11 @@ def _jit_keywords() -> frozenset[str] | None:
 
 def check_decoration(name: str, args: tuple, constant_arg_nums: Any, keywords: Iterable[str]) -> None:
     """Reject at decoration what would fail, or silently misbehave, at the call."""
-    valid = _jit_keywords()
+    unknown = [k for k in keywords if k not in PEJIT_KEYWORDS]
+    valid = _jit_keywords() if unknown else None  # (reading jax.jit's signature is a share of a first call)
     if valid is not None:
-        for k in keywords:
-            if k not in valid and k not in PEJIT_KEYWORDS:
+        for k in unknown:
+            if k not in valid:
                 close = difflib.get_close_matches(k, [*PEJIT_KEYWORDS, *sorted(valid)], n=1)
                 hint = f"; did you mean {close[0]}?" if close else "."
                 raise TypeError(

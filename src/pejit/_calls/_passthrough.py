@@ -60,7 +60,7 @@ class JitPath:
         traced = self.jitted.trace(*args, **kwargs)
         jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)
         out_tree = jax.tree_util.tree_structure(traced.out_info)
-        layout = Layout.of(*positions(self.info, len(args)))
+        layout = Layout(*positions(self.info, len(args)))
         run = make_runner(self.info, layout, jaxpr, len(consts), out_tree, traced.in_tree)
         program = Program(jaxpr, len(consts), out_tree, FoldStats(), (NO_CONSTANTS,), run, None)
         return Specialization(program, consts, 0.0)

@@ -79,9 +79,9 @@ class CallPath:
 
     ``info``: the parsed options; ``caches``: its specializations and
     programs. ``dispatch(*args, **kwargs)`` is the call: the generated
-    dispatcher of the first layout (the only one, unless the function is
-    called with varying numbers of positional arguments), or, before the
-    first call, :meth:`route`. Calling the path calls it. ``publish``: see
+    dispatcher of the first layout called twice (the only one, unless the
+    function is called with varying numbers of positional arguments), or,
+    until then, :meth:`route`. Calling the path calls it. ``publish``: see
     :func:`make_path`.
     """
 
@@ -97,7 +97,7 @@ class CallPath:
         self._jvp: CallPath | None = None  # the path of its derivative (see _run)
         self._of_derivative = of_derivative  # whether it is another path's _jvp
         self._publish = publish
-        self.dispatch = _compat.api_boundary(lambda *args, **kwargs: self.route(args, kwargs))
+        self.dispatch = self._routing = _compat.api_boundary(lambda *args, **kwargs: self.route(args, kwargs))
 
     # A C-level property: calling the path is calling ``dispatch``, no frame of its own.
     __call__ = property(attrgetter("dispatch"))
@@ -106,9 +106,11 @@ class CallPath:
     def route(self, args: tuple, kwargs: dict):
         """A call, through its layout's dispatcher (and so its memo) if it has one."""
         layout = self._layouts.get(len(args))
-        if layout is not None:
-            return layout.dispatch(*args, **kwargs)
-        return self.uncached(args, kwargs)
+        if layout is None:
+            return self.uncached(args, kwargs)
+        if layout.dispatch is None:  # its second call: worth a dispatcher now
+            layout = self._generated(len(args))
+        return layout.dispatch(*args, **kwargs)
 
     @_compat.api_boundary  # an error in the user's function shows no pejit frames
     def uncached(self, args: tuple, kwargs: dict):
@@ -208,20 +210,34 @@ class CallPath:
 
     # -- layouts and their dispatchers ------------------------------------
     def layout(self, n: int) -> Layout:
-        """The layout of calls with ``n`` positional arguments, made (with its dispatcher) on the first."""
+        """The layout of calls with ``n`` positional arguments, made on the first.
+
+        Its dispatcher waits for the second call (:meth:`_generated`): code generation
+        is a measurable share of a small program's first call (half a millisecond of
+        35), and a function called once never needs it."""
         layout = self._layouts.get(n)
         if layout is None:
             nargs = self.info.nargs
             if nargs is not None and n > nargs:
                 raise TypeError(f"{self.info.name}() takes {nargs} positional arguments but {n} were given")
-            const, dyn = positions(self.info, n)
-            layout = Layout.of(const, dyn, self._generate(n, const, dyn, self.route, self.uncached))
             with self._lock:
-                layout = self._layouts.setdefault(n, layout)
-                if len(self._layouts) == 1:
-                    self.dispatch = layout.dispatch
-                    if self._publish is not None:
-                        self._publish(layout.dispatch)
+                layout = self._layouts.setdefault(n, Layout(*positions(self.info, n)))
+        return layout
+
+    def _generated(self, n: int) -> Layout:
+        """The layout of calls with ``n`` positional arguments, with its dispatcher; the
+        first layout's is the path's ``dispatch``."""
+        layout = self.layout(n)
+        if layout.dispatch is None:
+            dispatch = self._generate(n, layout.const, layout.dyn, self.route, self.uncached)
+            with self._lock:
+                layout = self._layouts[n]
+                if layout.dispatch is None:
+                    layout = self._layouts[n] = Layout(layout.const, layout.dyn, dispatch)
+                    if self.dispatch is self._routing:  # the first generated
+                        self.dispatch = dispatch
+                        if self._publish is not None:
+                            self._publish(dispatch)
         return layout
 
     def dispatcher(self, n: int, route: Callable, uncached: Callable | None = None,
