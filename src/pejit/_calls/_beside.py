@@ -9,9 +9,9 @@ that. Where the look says so (``Look.beside``, from
 :func:`pejit._fold._cost.fold_first`), the first specialization is
 ``jax.jit``'s program with the constants passed, and its ``pending`` fold
 runs here, on one worker thread: the folding trace, the first value, the
-residual's compile (:func:`start`), once the caller has compiled
-``jax.jit``'s program (:func:`compile_ahead`) and has its first result
-(:func:`first_result`): on two cores the fold would slow that compile and
+residual's compile, ahead of the next call (:func:`start`,
+:func:`compile_ahead`), once the caller has compiled and run ``jax.jit``'s
+program and has its first result (:func:`first_result`): on two cores the fold would slow that compile and
 that run down (XLA's codegen and its CPU kernels run on several threads,
 and a fold's trace holds Python's lock), and the first result is what the
 user waits for. With one core nothing runs beside: the first call folds.
@@ -49,11 +49,13 @@ beside, which runs nothing, also those with effects).
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import contextvars
 import functools
 import logging
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -71,6 +73,7 @@ from .._fold._staging import specializing
 
 _log = logging.getLogger("pejit")
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def possible() -> bool:
@@ -82,35 +85,28 @@ def start(fold: Callable[[], Any], finish: Callable[[Any], None], name: str) -> 
     """Run ``fold()`` (the folded specialization) on the worker, then ``finish`` on it (the
     checks of a new specialization, and its compile), once the call it runs beside has
     its first result (:func:`first_result`); then what :func:`when_ready` asked for."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(1, thread_name_prefix="pejit-beside")
     context = contextvars.copy_context()  # pejit's own settings (a device profile asked for)
-    job = _Job(fold, finish)
-    pending = _pool.submit(context.run, _run, _compat.carry_config(), job, name)
+    job = _Job(fold, finish, functools.partial(context.run, _run, _compat.carry_config(), name))
+    pending = concurrent.futures.Future()  # (not the job's: it is its key in _jobs)
     _jobs[pending] = job
     return pending
 
 
 class _Job:
-    """A fold beside a call: its work, the call's first result it waits for (a future
-    the caller sets), and what to do with the folded specialization before anyone
-    waiting for it wakes (the cache's swap)."""
+    """A fold beside a call: its work (the fold and its finish, until it starts), the
+    worker's call that runs it, and what to do with the folded specialization before
+    anyone waiting for it wakes (the cache's swap)."""
 
-    __slots__ = ("work", "first", "ready")
+    __slots__ = ("work", "run", "ready")
 
-    def __init__(self, fold: Callable[[], Any], finish: Callable[[Any], None]):
-        self.work: tuple | None = (fold, finish)
-        self.first: concurrent.futures.Future = concurrent.futures.Future()
+    def __init__(self, fold: Callable[[], Any], finish: Callable[[Any], None], run: Callable[..., None]):
+        self.work: tuple | None = (fold, finish)  # until the worker takes it
+        self.run: Callable[..., None] | None = run  # until handed to the worker
         self.ready: list[Callable[[Any], None]] = []
 
 
-#: The job of each pending fold, until it has started.
+#: The job of each pending fold, by its future.
 _jobs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-#: How long a fold waits for its call's first result before it starts anyway (a call
-#: that never hands it over must not leave it waiting for ever).
-_FIRST_WAIT = 30.0
 
 
 def first_result(pending: Any, out: Any) -> None:
@@ -118,10 +114,29 @@ def first_result(pending: Any, out: Any) -> None:
     dispatched its result ``out`` (None: it has none, or someone waits for the fold):
     the fold starts once ``out`` is ready. Until then it would take the interpreter
     and a core from what the user waits for: the trace and lowering of a fold or of a
-    compile hold Python's lock, and the first execution uses every core."""
+    compile hold Python's lock, and the first execution uses every core.
+
+    The job goes to the worker from a thread of its own: the first start of the
+    worker's thread waits for it to run (a third to half a millisecond, a share of a
+    small program's first call)."""
     job = None if callable(pending) else _jobs.get(pending)
-    if job is not None and not job.first.done():
-        job.first.set_result(out)
+    if job is None:
+        return
+    with _pool_lock:
+        run, job.run = job.run, None
+    if run is not None:
+        _thread.start_new_thread(_submit, (run, job, pending, out))
+
+
+def _submit(run: Callable[..., None], job: _Job, pending: concurrent.futures.Future, out: Any) -> None:
+    global _pool
+    try:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(1, thread_name_prefix="pejit-beside")
+        _pool.submit(run, job, pending, out)
+    except BaseException as e:  # noqa: BLE001 -- the interpreter is shutting down: nothing runs beside
+        pending.set_exception(e)
 
 
 def when_ready(pending: concurrent.futures.Future, then: Callable[[Any], None]) -> None:
@@ -130,23 +145,26 @@ def when_ready(pending: concurrent.futures.Future, then: Callable[[Any], None]) 
     _jobs[pending].ready.append(then)
 
 
-def _run(carried, job: _Job, name: str) -> Any:
+def _run(carried, name: str, job: _Job, pending: concurrent.futures.Future, out: Any) -> None:
     try:
-        jax.block_until_ready(job.first.result(_FIRST_WAIT))
-        # the caller, woken by the same result, takes it first (it waits for the
-        # interpreter's lock, which this thread would hold for a switch interval)
-        time.sleep(sys.getswitchinterval())
-    except Exception as e:  # noqa: BLE001 -- a late or failed first result: start anyway
-        _log.debug("pejit %s: the fold beside starts without the first result (%s)", name, type(e).__name__)
-    (fold, finish), job.work = job.work, None  # (the constants are the entry's to keep alive, not the job's)
-    with carried(), _gc.paused(), specializing():
-        spec = fold()
-        finish(spec)
-    del fold, finish
-    for then in job.ready:
-        then(spec)
-    _log.debug("pejit %s: the fold beside the first call is ready", name)
-    return spec
+        try:
+            jax.block_until_ready(out)
+            # the caller, woken by the same result, takes it first (it waits for the
+            # interpreter's lock, which this thread would hold for a switch interval)
+            time.sleep(sys.getswitchinterval())
+        except Exception as e:  # noqa: BLE001 -- a failed first result: start anyway
+            _log.debug("pejit %s: the fold beside starts without the first result (%s)", name, type(e).__name__)
+        (fold, finish), job.work = job.work, None  # (the constants are the entry's to keep alive, not the job's)
+        with carried(), _gc.paused(), specializing():
+            spec = fold()
+            finish(spec)
+        del fold, finish
+        for then in job.ready:
+            then(spec)
+        _log.debug("pejit %s: the fold beside the first call is ready", name)
+        pending.set_result(spec)
+    except BaseException as e:  # noqa: BLE001 -- the staged API folds again on its own thread, where it raises
+        pending.set_exception(e)
 
 
 class Beside:

@@ -303,7 +303,6 @@ class CallPath:
                 finish(folded)
                 _beside.compile_ahead(folded, dyn_args, dyn_kwargs)
 
-            _beside.compile_ahead(spec, dyn_args, dyn_kwargs)  # the first result first (see _beside)
             spec.pending = _beside.start(spec.pending, finish_beside, info.name)
         self._check_respecializing()
         return spec, watched(const_leaves), sum(getattr(c, "nbytes", 0) for c in spec.consts)
