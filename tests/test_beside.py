@@ -149,6 +149,11 @@ def test_the_decision_is_the_looks():
     # a long chain of arithmetic on the constants: NumPy folds it for less than XLA compiles it
     chain = look(lambda K, x: sum(jnp.cos(K * k) for k in range(40)) @ x, K, x)
     assert chain.pays and not chain.beside
+    # the host multiplies by an identity (jax.jacfwd's basis, a constant of the program) or zeros alone:
+    # a product of the constants with themselves is XLA's kernel, a compile of the fold's
+    assert look(lambda K, x: jnp.linalg.matrix_power(K * 0.5, 3) @ x, K, x).beside
+    pushed = look(lambda K, x: jax.jacfwd(lambda x: sum((K * k) @ x for k in range(1, 5)))(x), K, x)
+    assert pushed.pays and not pushed.beside
     # a program with effects runs once, in order: folded first
     assert not look(lambda K, x: (jax.debug.print("{}", x[0]), jnp.linalg.solve(K, x))[1], K, x).beside
     # asked not to

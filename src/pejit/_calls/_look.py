@@ -24,6 +24,7 @@ decide.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from jax.extend.core import ClosedJaxpr
 from .. import _compat
 from .._fold import _cost, _device, _gc, _host, _known, _offload
 from .._fold._options import FoldOptions
-from .._fold._primitives import folds_alike, subjaxprs
+from .._fold._primitives import called_jaxpr, folds_alike, subjaxprs
 from .._fold._staging import ClosedOverTracer
 from .._fold._stats import noting
 from .._fold._values import nbytes
@@ -190,18 +191,39 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     # all) are a whole pass over a large program that folds anyway
     if (compile_in or not pays) and _folded_anyway(jaxpr, n, work, options):
         return Look(traced, work, True, False)
+    compiles = functools.partial(_compiles_to_fold, _general_products(jaxpr, set(jaxpr.invars[len(consts):n])))
     beside = (jitted and options.beside and pays and not compile_in and not traced.jaxpr.effects
-              and not _cost.fold_first(work.folded, _compiles_to_fold) and _lowerable(jaxpr))
+              and not _cost.fold_first(work.folded, compiles) and _lowerable(jaxpr))
     return Look(traced, work, pays, compile_in, beside)
 
 
-def _compiles_to_fold(eqn) -> bool:
+def _compiles_to_fold(general: set[int], eqn) -> bool:
     """Whether the fold compiles a program for ``eqn`` on the folding thread: not where
-    NumPy computes it on the host, nor a kernel compiled beside the trace."""
+    NumPy computes it on the host, nor a kernel compiled beside the trace.
+
+    The host computes a matrix product only by an identity or by zeros (``jax.jacfwd``
+    pushes its basis, a constant of the program, through products): a product of two
+    values of the constant arguments (``general``: ``matrix_power``) is XLA's."""
     prim, params = eqn.primitive, eqn.params
-    if _device.host_computes() and _host.covers_equation(prim, params):
+    if _device.host_computes() and _host.covers_equation(prim, params) and id(eqn) not in general:
         return False
     return not _offload.worth_a_kernel(prim, params, sum(nbytes(v.aval) for v in eqn.outvars))
+
+
+def _general_products(jaxpr, arguments: set) -> set[int]:
+    """The ``id`` of each matrix product of ``jaxpr`` (open; calls' bodies too) whose
+    operands both depend on ``arguments``."""
+    general, depends = set(), set(arguments)
+    for e in jaxpr.eqns:
+        reads = [isinstance(v, _compat.Var) and v in depends for v in e.invars]
+        body = called_jaxpr(e.primitive, e.params)
+        if body is not None:
+            general |= _general_products(body, {v for v, r in zip(body.invars, reads) if r})
+        elif e.primitive.name == "dot_general" and all(reads):
+            general.add(id(e))
+        if any(reads):
+            depends.update(e.outvars)
+    return general
 
 
 def _folded_anyway(jaxpr, n: int, work: _known.KnownWork, options: FoldOptions) -> bool:
