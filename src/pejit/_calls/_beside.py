@@ -11,10 +11,10 @@ that. Where the look says so (``Look.beside``, from
 runs here, on one worker thread: the folding trace, the first value, the
 residual's compile, ahead of the next call (:func:`start`,
 :func:`compile_ahead`), once the caller has compiled and run ``jax.jit``'s
-program and has its first result (:func:`first_result`): on two cores the fold would slow that compile and
-that run down (XLA's codegen and its CPU kernels run on several threads,
-and a fold's trace holds Python's lock), and the first result is what the
-user waits for. With one core nothing runs beside: the first call folds.
+program and has its first result (:func:`first_result`): on two cores the
+fold would slow that compile and that run down (XLA's codegen and its CPU
+kernels run on several threads, and a fold's trace holds Python's lock),
+and the first result is what the user waits for. With one core nothing runs beside: the first call folds.
 
 The same worker compiles in the small constants of ``jax.jit``'s own
 program where the fold does not pay (``Look.compile_in``): the first calls
@@ -125,7 +125,10 @@ def first_result(pending: Any, out: Any) -> None:
     with _pool_lock:
         run, job.run = job.run, None
     if run is not None:
-        _thread.start_new_thread(_submit, (run, job, pending, out))
+        try:
+            _thread.start_new_thread(_submit, (run, job, pending, out))
+        except RuntimeError:  # no thread to spare: handed over from here
+            _submit(run, job, pending, out)
 
 
 def _submit(run: Callable[..., None], job: _Job, pending: concurrent.futures.Future, out: Any) -> None:
