@@ -191,10 +191,16 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     # all) are a whole pass over a large program that folds anyway
     if (compile_in or not pays) and _folded_anyway(jaxpr, n, work, options):
         return Look(traced, work, True, False)
-    compiles = functools.partial(_compiles_to_fold, _general_products(jaxpr, set(jaxpr.invars[len(consts):n])))
     beside = (jitted and options.beside and pays and not compile_in and not traced.jaxpr.effects
-              and not _cost.fold_first(work.folded, compiles) and _lowerable(jaxpr))
+              and not _fold_first(jaxpr, len(consts), n, work) and _lowerable(jaxpr))
     return Look(traced, work, pays, compile_in, beside)
+
+
+def _fold_first(jaxpr, first: int, n: int, work: _known.KnownWork) -> bool:
+    """Whether the first call should wait for the fold of ``work`` (:func:`pejit._fold._cost.fold_first`),
+    the constant arguments being inputs ``first`` to ``n`` of ``jaxpr``."""
+    general = _general_products(jaxpr, set(jaxpr.invars[first:n]))
+    return _cost.fold_first(work.folded, functools.partial(_compiles_to_fold, general))
 
 
 def _compiles_to_fold(general: set[int], eqn) -> bool:
