@@ -14,7 +14,8 @@ residual's compile, ahead of the next call (:func:`start`,
 program and has its first result (:func:`first_result`): on two cores the
 fold would slow that compile and that run down (XLA's codegen and its CPU
 kernels run on several threads, and a fold's trace holds Python's lock),
-and the first result is what the user waits for. With one core nothing runs beside: the first call folds.
+and the first result is what the user waits for. With one core nothing
+runs beside: the first call folds.
 
 The same worker compiles in the small constants of ``jax.jit``'s own
 program where the fold does not pay (``Look.compile_in``): the first calls

@@ -226,7 +226,7 @@ class CallPath:
 
     def _generated(self, n: int) -> Layout:
         """The layout of calls with ``n`` positional arguments, with its dispatcher; the
-        first layout's is the path's ``dispatch``."""
+        first dispatcher generated becomes the path's ``dispatch``."""
         layout = self.layout(n)
         if layout.dispatch is None:
             dispatch = self._generate(n, layout.const, layout.dyn, self.route, self.uncached)
