@@ -189,6 +189,27 @@ def test_a_nested_call_is_looked_into():
     assert work.saved.library == 1 and work.pays(0.05)
 
 
+def test_a_loop_whose_trip_count_the_constants_decide_must_fold(monkeypatch):
+    # fori_loop's bounds constant, its body on the dynamic value: the fold makes it a loop
+    # of known length (as fori_loop makes one of concrete bounds a scan, which grad needs)
+    fori = jaxpr(lambda n, x: lax.fori_loop(0, n, lambda i, c: c * 2.0, x), 3, 1.0)
+    assert [e.primitive.name for e in _known.known_work(fori, [True, False]).needed] == ["while"]
+    assert not _known.known_work(fori, [False, True]).needed
+    from pejit import _compat
+
+    traced = []
+    real = _compat.partial_eval_jaxpr_nounits_fwd
+    monkeypatch.setattr(_compat, "partial_eval_jaxpr_nounits_fwd", lambda *a, **k: traced.append(a) or real(*a, **k))
+    # a condition on the dynamic value from the first trip (a solver's convergence test):
+    # read off the condition, without tracing the body again
+    until = jaxpr(lambda c, x: lax.while_loop(lambda v: v < c, lambda v: v * 2.0, x), 10.0, 1.0)
+    assert not _known.known_work(until, [True, False]).needed and not traced
+    # known on the first trip, unknown after it: the body's partial evaluation tells
+    later = jaxpr(lambda c, x: lax.while_loop(lambda v: v[0] < c, lambda v: (v[0] + v[1], v[1]), (0.0, x))[0],
+                  10.0, 1.0)
+    assert not _known.known_work(later, [True, False]).needed and traced
+
+
 def test_a_pad_of_a_known_operand_by_an_unknown_value_must_fold():
     # JAX cannot transpose it with the operand known (rules.transposable restages it):
     # a program that holds one is folded, whatever folding it saves

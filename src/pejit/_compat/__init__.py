@@ -81,6 +81,7 @@ from ._jaxprs import new_var as new_var
 from ._jaxprs import no_effects as no_effects
 from ._jaxprs import open_jaxpr as open_jaxpr
 from ._jaxprs import partial_eval_jaxpr_nounits_fwd as partial_eval_jaxpr_nounits_fwd
+from ._jaxprs import stages_whole as stages_whole
 from ._jaxprs import trace_to_jaxpr_dynamic as trace_to_jaxpr_dynamic
 from ._jaxprs import unnamed_debug_info as unnamed_debug_info
 from ._jaxprs import with_arity as with_arity

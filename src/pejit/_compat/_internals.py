@@ -93,6 +93,7 @@ _REQUIRED = [
     (pe, "convert_constvars_jaxpr", "opening a closed jaxpr"),
     (pe, "partial_eval_jaxpr_nounits_fwd", "splitting loop bodies"),
     (pe, "move_binders_to_back", "splitting loop bodies"),
+    (pe, "custom_partial_eval_rules", "whether a loop's condition is unknown, without a trace"),
     (pe, "_cached_abstract_eval", "the fold's abstract evaluation, cached as staging caches it"),
     (config, "eager_constant_folding", "scoping JAX's own folding"),
     (config, "disable_jit", "jax.disable_jit()"),

@@ -55,6 +55,12 @@ move_binders_to_back = pe.move_binders_to_back
 convert_constvars_jaxpr = pe.convert_constvars_jaxpr
 
 
+def stages_whole(prim) -> bool:
+    """Whether JAX's partial evaluation stages an equation of ``prim`` whole once one of
+    its inputs is unknown: no rule of its own splits it (as ``jit``'s and the loops' do)."""
+    return prim not in pe.custom_partial_eval_rules
+
+
 def literal(value: Any, aval: Any) -> Literal:
     """A literal of ``aval`` holding the scalar ``value``, as JAX's staging makes one.
 

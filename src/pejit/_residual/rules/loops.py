@@ -267,13 +267,34 @@ def while_needs_fold(eqn, known: set) -> bool:
     params = eqn.params
     cn, bn = params["cond_nconsts"], params["body_nconsts"]
     unknown = [not (isinstance(a, _compat.Literal) or a in known) for a in eqn.invars]
+    # a condition on a value unknown from the first trip (a solver's convergence test on
+    # the dynamic data): no need to trace the body again to find the carries it makes unknown
+    if not any(unknown) or _decides_unknown(params["cond_jaxpr"].jaxpr, unknown[:cn] + unknown[cn + bn :]):
+        return False
     _, carry_uk = _unknown_carries(params["body_jaxpr"], unknown[cn : cn + bn], unknown[cn + bn :])
-    if all(carry_uk) or not any(unknown):
+    if all(carry_uk):
         return False
     _, _, cond_uk, _, _ = _compat.partial_eval_jaxpr_nounits_fwd(
         params["cond_jaxpr"], unknown[:cn] + carry_uk, instantiate=False, fwd=False
     )
     return not cond_uk[0]
+
+
+def _decides_unknown(cond, unknown: Sequence[bool]) -> bool:
+    """Whether a loop's condition ``cond`` (open) is surely unknown to JAX's partial
+    evaluation with the inputs ``unknown`` unknown, read off without a trace.
+
+    An equation that JAX stages whole (no rule of its own, no sub-program) makes its
+    outputs unknown once one input is; any other counts as known here. So a True
+    is certain, and stays so as a loop's body makes more carries unknown."""
+    if len(cond.invars) != len(unknown):
+        return False
+    unknowns = {v for v, u in zip(cond.invars, unknown) if u}
+    for e in cond.eqns:
+        if (_compat.stages_whole(e.primitive) and not any(True for _ in subjaxprs(e.params))
+                and any(isinstance(a, _compat.Var) and a in unknowns for a in e.invars)):
+            unknowns.update(e.outvars)
+    return any(isinstance(v, _compat.Var) and v in unknowns for v in cond.outvars)
 
 
 def _unknown_carries(body: ClosedJaxpr, bconst_uk: list, carry_uk: list) -> tuple[ClosedJaxpr, list]:
