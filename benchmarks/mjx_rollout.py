@@ -13,8 +13,8 @@ steps). Per model:
   Beside them, pejit on a copy of the model whose NumPy arrays are read-only
   (:data:`READ_ONLY`).
 
-Values are checked equal to ``jax.jit``'s. Needs ``mujoco-mjx`` (JAX >= 0.11 for its
-current release). Run:
+Values are checked equal to ``jax.jit``'s. Needs ``mujoco-mjx``: with JAX 0.10.2,
+``pip install mujoco-mjx "mujoco<4"`` (3.17.0 of both). Run:
 ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python benchmarks/mjx_rollout.py [--repeat N]``
 """
 

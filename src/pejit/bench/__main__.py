@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-repeat", type=int, default=None,
                         help="fresh processes per fold-time sample (default: 1 quick, 3 full)")
     parser.add_argument("--pde-sizes", default=None,
-                        help="case 9's full-mode sizes, comma-separated: full, wave2d_full, large (default: all;"
-                             " TFC at large needs about 16 GB)")
+                        help="case 9's full-mode sizes, comma-separated: full, wave2d_full, large,"
+                             " wave2d_large (default: all; TFC at the large sizes needs about 16 GB)")
     args = parser.parse_args(argv)
     if args.name is None:
         args.name = "RESULTS-quick.md" if args.quick else "RESULTS-full.md"

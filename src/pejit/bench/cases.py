@@ -33,7 +33,7 @@ class Context:
     quick: bool
     tfc_python: str | None
     cold_repeat: int | None = None
-    #: case 9's full-mode sizes to run (``PDE_FULL_SIZES`` and ``wave2d_full``), None: all
+    #: case 9's full-mode sizes to run (``PDE_FULL_SIZES``, ``wave2d_full``, ``wave2d_large``), None: all
     pde_sizes: tuple[str, ...] | None = None
 
     @property
@@ -409,8 +409,9 @@ PDE_SIZE = {True: (6, 100), False: (8, 150)}
 PDE_FULL_SIZES = {"full": (11, 650), "large": (15, 1000)}
 #: TFC's example as its author wrote it (``pejit.bench._tfc.wave_problem``),
 #: beside the bench's formulation: at the quick or main size
-#: (``wave2d``) and, in the full mode, at its own size (``wave2d_full``)
-PDE_EXAMPLE = {"wave2d": None, "wave2d_full": (11, 650)}
+#: (``wave2d``) and, in the full mode, at its own size (``wave2d_full``) and the larger one
+#: (``wave2d_large``)
+PDE_EXAMPLE = {"wave2d": None, "wave2d_full": PDE_FULL_SIZES["full"], "wave2d_large": PDE_FULL_SIZES["large"]}
 
 
 #: Fresh processes per variant at the full sizes, interleaved: one slow
@@ -463,6 +464,7 @@ def case9(ctx: Context) -> dict:
     if not ctx.quick:
         sizes = [(size, fn, fm, "bench") for size, (fn, fm) in PDE_FULL_SIZES.items()]
         sizes.insert(1, ("wave2d_full", *PDE_EXAMPLE["wave2d_full"], "wave2d"))
+        sizes.append(("wave2d_large", *PDE_EXAMPLE["wave2d_large"], "wave2d"))
         sizes = [s for s in sizes if ctx.pde_sizes is None or s[0] in ctx.pde_sizes]
         for size, fn, fm, problem in sizes:
             fold = _first_results(ctx, fn, fm, FULL_SIZE_REPEAT, per_call=1.0, problem=problem)

@@ -206,7 +206,7 @@ def _case9(r):
         lines += ["", f"Per call: n/a {steady.get('error', r.get('error', ''))[:300]}"]
     titles = {"wave2d": ", TFC's example as written (WaveEquation2D.py)",
               "full": " at TFC's size", "wave2d_full": ", TFC's example as written (WaveEquation2D.py), at its size",
-              "large": " at a larger size"}
+              "large": " at a larger size", "wave2d_large": ", TFC's example as written, at the larger size"}
     sizes = [("", "", r.get("fold"))] + [
         (titles[size], f" ({r[size]['n']}^3 points, {r[size]['m']} functions)", r[size].get("fold"))
         for size in titles if r.get(size)]
