@@ -105,6 +105,7 @@ def test_values_that_fit_at_once_are_all_held_while_the_batch_trims_the_heap(mon
     monkeypatch.setattr(_refold, "HOLD_KEPT", 0)
     monkeypatch.setattr(_refold, "REMAT_GAP", 8)
     monkeypatch.setattr(_trim, "PERIOD", 0.0)
+    monkeypatch.setattr(_trim, "KEEP_BYTES", -1)  # whatever is free
     trims = []
     monkeypatch.setattr(_trim, "trim", lambda: trims.append(1) or True)
     threads = _recording(monkeypatch)
@@ -138,13 +139,33 @@ def test_values_that_take_at_most_the_bytes_the_batch_holds_anyway_are_all_held(
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_a_trimmer_trims_the_heap_each_period():
     assert _trim.trim()
-    trimmer = _trim.Trimmer(period=0.0)
+    trimmer = _trim.Trimmer(period=0.0, keep=-1)
     trimmer.tick()
     trimmer.tick()
     assert trimmer.trims == 2
-    trimmer = _trim.Trimmer(period=3600.0)
+    trimmer = _trim.Trimmer(period=3600.0, keep=-1)
     trimmer.tick()
     assert trimmer.trims == 0
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallinfo2 is glibc's")
+def test_a_trimmer_leaves_the_heap_what_it_keeps_free(monkeypatch):
+    # pages handed back are faulted in again by the next arrays: a heap holding
+    # less than it keeps free is left as it is
+    big = np.ones(2**22)  # 32 MiB, freed into the heap (at most glibc's largest mmap threshold)
+    del big
+    assert _trim.free_bytes() > 0
+    trimmer = _trim.Trimmer(period=0.0, keep=2**40)
+    trimmer.tick()
+    assert trimmer.trims == 0
+    trimmer = _trim.Trimmer(period=0.0, keep=0)
+    trimmer.tick()
+    assert trimmer.trims == 1
+    monkeypatch.setattr(_trim, "_mallinfo2", lambda: None)  # a C library that cannot tell: every period
+    assert _trim.free_bytes() is None
+    trimmer = _trim.Trimmer(period=0.0, keep=2**40)
+    trimmer.tick()
+    assert trimmer.trims == 1
 
 
 def test_without_malloc_trim_a_trimmer_does_nothing(monkeypatch):

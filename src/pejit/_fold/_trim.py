@@ -12,6 +12,14 @@ that holds the values it would otherwise compute again can peak above
 call a few milliseconds), so the batch can hold those values within its
 memory budget instead of computing them again (:mod:`pejit._fold._refold`).
 
+A trim costs more than its own milliseconds: the pages it hands back are
+the ones the next arrays would have reused, and each is faulted in and
+zeroed again when written. At 15^3 points and 1000 functions, TFC's
+WaveEquation2D writes 22 GB in its fold; trimming whatever was free every
+50 ms cost it about 2 s of page faults. So a trim waits until the heap
+holds :data:`KEEP_BYTES` free (glibc's ``mallinfo2`` tells): what the
+batch frees and allocates again stays in the process.
+
 Nothing is configured: the allocator keeps its settings, and where the C
 library has no ``malloc_trim`` (not glibc), nothing happens.
 """
@@ -28,6 +36,9 @@ from collections.abc import Callable
 #: stay a small share of the batch; trimming more often lowers the peak no
 #: further.
 PERIOD = 0.05
+#: Free bytes the heap keeps for the batch's next arrays: less is not handed back
+#: (a large PDE's fold frees and allocates tens of MiB at a time; see above).
+KEEP_BYTES = 256 * 2**20
 
 
 @functools.cache
@@ -36,6 +47,28 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL(None).malloc_trim  # the process's C library
     except (OSError, AttributeError, TypeError):  # no such function; no CDLL(None) on Windows
         return None
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+@functools.cache
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2  # glibc 2.33 and later
+    except (OSError, AttributeError, TypeError):
+        return None
+    mallinfo2.restype = _Mallinfo2
+    return mallinfo2
+
+
+def free_bytes() -> int | None:
+    """The bytes the C heap holds free, in all its arenas; None where the C library cannot tell."""
+    mallinfo2 = _mallinfo2()
+    return None if mallinfo2 is None else mallinfo2().fordblks
 
 
 def trim() -> bool:
@@ -49,14 +82,19 @@ def trim() -> bool:
 
 class Trimmer:
     """Calls :func:`trim` when :meth:`tick` finds :data:`PERIOD` seconds passed
-    since the last trim (or since it was made)."""
+    since the last look (or since it was made) and more than ``keep`` bytes
+    (:data:`KEEP_BYTES`) free in the heap (:func:`free_bytes`; where it cannot
+    tell, every period)."""
 
-    def __init__(self, period: float | None = None):
+    def __init__(self, period: float | None = None, keep: int | None = None):
         self._period = PERIOD if period is None else period
+        self._keep = KEEP_BYTES if keep is None else keep
         self._last = time.perf_counter()
         self.trims = 0
 
     def tick(self) -> None:
         if time.perf_counter() - self._last >= self._period:
-            self.trims += trim()
+            free = free_bytes()
+            if free is None or free > self._keep:
+                self.trims += trim()
             self._last = time.perf_counter()  # the trim's own time is not the batch's
