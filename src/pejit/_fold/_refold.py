@@ -65,7 +65,8 @@ class Refolds:
     bytes one of its equations reads (times :data:`HOLD_KEPT`; ``trims``):
     then none is dropped, and the batch trims the heap as it runs
     (:mod:`pejit._fold._trim`), which keeps the process's memory near what
-    it holds: nothing is computed again, and the first value comes sooner.
+    it holds (and what the heap keeps free for its next arrays): nothing is
+    computed again, and the first value comes sooner.
     The outputs are
     held to the batch's end, and an equation's inputs all at once,
     whatever the batch drops; ``jax.jit``'s program holds these values

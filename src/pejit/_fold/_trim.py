@@ -16,7 +16,7 @@ A trim costs more than its own milliseconds: the pages it hands back are
 the ones the next arrays would have reused, and each is faulted in and
 zeroed again when written. At 15^3 points and 1000 functions, TFC's
 WaveEquation2D writes 22 GB in its fold; trimming whatever was free every
-50 ms cost it about 2 s of page faults. So a trim waits until the heap
+50 ms cost it 1-2 s of page faults. So a trim waits until the heap
 holds :data:`KEEP_BYTES` free (glibc's ``mallinfo2`` tells): what the
 batch frees and allocates again stays in the process.
 

@@ -269,7 +269,7 @@ def while_needs_fold(eqn, known: set) -> bool:
     unknown = [not (isinstance(a, _compat.Literal) or a in known) for a in eqn.invars]
     # a condition on a value unknown from the first trip (a solver's convergence test on
     # the dynamic data): no need to trace the body again to find the carries it makes unknown
-    if not any(unknown) or _decides_unknown(params["cond_jaxpr"].jaxpr, unknown[:cn] + unknown[cn + bn :]):
+    if not any(unknown) or _surely_unknown(params["cond_jaxpr"].jaxpr, unknown[:cn] + unknown[cn + bn :]):
         return False
     _, carry_uk = _unknown_carries(params["body_jaxpr"], unknown[cn : cn + bn], unknown[cn + bn :])
     if all(carry_uk):
@@ -280,7 +280,7 @@ def while_needs_fold(eqn, known: set) -> bool:
     return not cond_uk[0]
 
 
-def _decides_unknown(cond, unknown: Sequence[bool]) -> bool:
+def _surely_unknown(cond, unknown: Sequence[bool]) -> bool:
     """Whether a loop's condition ``cond`` (open) is surely unknown to JAX's partial
     evaluation with the inputs ``unknown`` unknown, read off without a trace.
 
