@@ -156,7 +156,7 @@ def test_a_trimmer_leaves_the_heap_what_it_keeps_free(monkeypatch):
     trimmer = _trim.Trimmer(period=0.0, keep=2**40)
     trimmer.tick()
     assert trimmer.trims == 0
-    trimmer = _trim.Trimmer(period=0.0, keep=0)
+    trimmer = _trim.Trimmer(period=0.0, keep=-1)  # whatever is free, none included
     trimmer.tick()
     assert trimmer.trims == 1
     monkeypatch.setattr(_trim, "_mallinfo2", lambda: None)  # a C library that cannot tell: every period

@@ -41,12 +41,17 @@ PERIOD = 0.05
 KEEP_BYTES = 256 * 2**20
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable | None:
+    """The function ``name`` of the process's C library, or None where it has none."""
     try:
-        return ctypes.CDLL(None).malloc_trim  # the process's C library
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError, TypeError):  # no such function; no CDLL(None) on Windows
         return None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    return _libc("malloc_trim")
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -57,11 +62,9 @@ class _Mallinfo2(ctypes.Structure):
 
 @functools.cache
 def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2  # glibc 2.33 and later
-    except (OSError, AttributeError, TypeError):
-        return None
-    mallinfo2.restype = _Mallinfo2
+    mallinfo2 = _libc("mallinfo2")  # glibc 2.33 and later
+    if mallinfo2 is not None:
+        mallinfo2.restype = _Mallinfo2
     return mallinfo2
 
 
@@ -82,7 +85,7 @@ def trim() -> bool:
 
 class Trimmer:
     """Calls :func:`trim` when :meth:`tick` finds :data:`PERIOD` seconds passed
-    since the last look (or since it was made) and more than ``keep`` bytes
+    since it last checked (or since it was made) and more than ``keep`` bytes
     (:data:`KEEP_BYTES`) free in the heap (:func:`free_bytes`; where it cannot
     tell, every period)."""
 
