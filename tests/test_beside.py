@@ -72,8 +72,9 @@ def test_the_first_call_runs_jax_jits_program_while_the_fold_runs_on_a_worker(mo
     assert f.cache_info()[:2] == (3, 1)  # one specialization, whichever program serves it
 
 
-def test_the_work_beside_a_call_starts_after_its_first_result():
-    # the trace of a fold or a compile holds Python's lock: it waits for the result the user waits for
+def test_the_work_beside_starts_after_the_second_calls_result():
+    # a function called once pays nothing beside its call; the trace of a fold or a
+    # compile holds Python's lock: it waits for the result the user waits for
     handed, started = threading.Event(), []
     out = jnp.arange(3.0)
 
@@ -82,12 +83,36 @@ def test_the_work_beside_a_call_starts_after_its_first_result():
         return "folded"
 
     pending = _beside.start(fold, lambda spec: None, "f")
+    assert not _beside.served(pending, out)  # the first call: nothing starts
     handed.wait(0.2)  # (time for a worker that did not wait to start)
     assert not pending.done() and started == []
     handed.set()
-    _beside.first_result(pending, out)
+    assert _beside.served(pending, out)  # the second
     assert pending.result(30) == "folded" and started == [True]
-    _beside.first_result(pending, out)  # (once: a second hand-over is no-op)
+    assert _beside.served(pending, out)  # (once: a later hand-over is no-op)
+    _beside.start_after(pending, out)
+
+
+@two_cores
+def test_a_function_called_once_starts_no_work_beside_its_call():
+    # the compile of its constants in would slow the programs that the script runs next
+    def shifted(a, x):
+        return x - jnp.nanmin(a)
+
+    a, x = jnp.asarray(np.random.default_rng(3).standard_normal(100), jnp.float32), jnp.ones(4)
+    f = pejit(shifted, constant_argnums=0)
+    path = call_path(f)
+    missed = Counter(path.uncached)
+    path.uncached = missed
+    want = jax.jit(shifted)(a, x)
+    np.testing.assert_array_equal(f(a, x), want)
+    serving = _entry(f)
+    job = _beside._jobs[serving.pending]
+    assert job.run is not None and not serving.pending.done()  # not handed to the worker
+    np.testing.assert_array_equal(f(a, x), want)  # the second call (not memoized: it came back) starts it
+    assert missed.calls == 2 and job.run is None
+    compiled_in = serving.pending.result(30)
+    assert compiled_in.program.compiled_in and _entry(f) is compiled_in
 
 
 def test_a_staged_call_waiting_for_the_work_beside_starts_it():

@@ -9,19 +9,21 @@ that. Where the look says so (``Look.beside``, from
 :func:`pejit._fold._cost.fold_first`), the first specialization is
 ``jax.jit``'s program with the constants passed, and its ``pending`` fold
 runs here, on one worker thread: the folding trace, the first value, the
-residual's compile, ahead of the next call (:func:`start`,
-:func:`compile_ahead`), once the caller has compiled and run ``jax.jit``'s
-program and has its first result (:func:`first_result`): on two cores the
-fold would slow that compile and that run down (XLA's codegen and its CPU
-kernels run on several threads, and a fold's trace holds Python's lock),
-and the first result is what the user waits for. With one core nothing
-runs beside: the first call folds.
+residual's compile, ahead of the calls after it (:func:`start`,
+:func:`compile_ahead`). It starts when a second call has its result
+(:func:`served`, then :func:`start_after`): work for later calls is paid for
+by a function called again, not by one called once, as most of a script's
+are, whose next programs' compiles and runs it would slow (XLA's codegen
+and its CPU kernels run on several threads, and a fold's trace holds
+Python's lock: on two cores, 20 small programs called once each took
+1.3-1.5x ``jax.jit``'s time with their work beside them started after each
+first result). With one core nothing runs beside: the first call folds.
 
 The same worker compiles in the small constants of ``jax.jit``'s own
 program where the fold does not pay (``Look.compile_in``): the first calls
 run it as ``jax.jit`` runs it, the constants passed, while XLA compiles a
-copy with them in, folding their work as it does for the arrays a function
-closes over, for later calls
+copy with them in (from the second call on, as a fold), folding their work
+as it does for the arrays a function closes over, for later calls
 (:meth:`~pejit._calls._program.Specialization.compile_in_beside`); compiled on the
 first call, they would add XLA's folding to that call's compile.
 
@@ -84,8 +86,9 @@ def possible() -> bool:
 
 def start(fold: Callable[[], Any], finish: Callable[[Any], None], name: str) -> concurrent.futures.Future:
     """Run ``fold()`` (the folded specialization) on the worker, then ``finish`` on it (the
-    checks of a new specialization, and its compile), once the call it runs beside has
-    its first result (:func:`first_result`); then what :func:`when_ready` asked for."""
+    checks of a new specialization, and its compile), once a second call of the
+    specialization it runs beside has its result (:func:`served`), or someone waits
+    for it (:func:`settled`); then what :func:`when_ready` asked for."""
     context = contextvars.copy_context()  # pejit's own settings (a device profile asked for)
     job = _Job(fold, finish, functools.partial(context.run, _run, _compat.carry_config(), name))
     pending = concurrent.futures.Future()  # (not the job's: it is its key in _jobs)
@@ -98,24 +101,43 @@ class _Job:
     worker's call that runs it, and what to do with the folded specialization before
     anyone waiting for it wakes (the cache's swap)."""
 
-    __slots__ = ("work", "run", "ready")
+    __slots__ = ("work", "run", "ready", "calls")
 
     def __init__(self, fold: Callable[[], Any], finish: Callable[[Any], None], run: Callable[..., None]):
         self.work: tuple | None = (fold, finish)  # until the worker takes it
         self.run: Callable[..., None] | None = run  # until handed to the worker
         self.ready: list[Callable[[Any], None]] = []
+        self.calls = 0  # the calls served while it waits (see served)
 
 
 #: The job of each pending fold, by its future.
 _jobs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def first_result(pending: Any, out: Any) -> None:
-    """The call that ``pending`` (a specialization's ``pending``) runs beside has
-    dispatched its result ``out`` (None: it has none, or someone waits for the fold):
-    the fold starts once ``out`` is ready. Until then it would take the interpreter
-    and a core from what the user waits for: the trace and lowering of a fold or of a
-    compile hold Python's lock, and the first execution uses every core.
+#: The calls of a specialization whose work beside waits, the last of which starts it (see :func:`served`).
+CALLS_BEFORE_WORK = 2
+
+
+def served(pending: concurrent.futures.Future, out: Any) -> bool:
+    """A call of the specialization whose work beside is ``pending`` has dispatched its
+    result ``out``: the :data:`CALLS_BEFORE_WORK`-th starts the work (:func:`start_after`).
+    Whether it has started (no later call needs to come back here)."""
+    job = _jobs.get(pending)
+    if job is None or job.run is None:
+        return True
+    job.calls += 1
+    if job.calls < CALLS_BEFORE_WORK:
+        return False
+    start_after(pending, out)
+    return True
+
+
+def start_after(pending: Any, out: Any) -> None:
+    """Start the work ``pending`` (a specialization's ``pending``) once ``out`` (a call's
+    result; None: none, or someone waits for the work) is ready. Until then it would
+    take the interpreter and a core from what the user waits for: the trace and
+    lowering of a fold or of a compile hold Python's lock, and an execution uses
+    every core.
 
     The job goes to the worker from a thread of its own: the first start of the
     worker's thread waits for it to run (a third to half a millisecond, a share of a
@@ -156,8 +178,8 @@ def _run(carried, name: str, job: _Job, pending: concurrent.futures.Future, out:
             # the caller, woken by the same result, takes it first (it waits for the
             # interpreter's lock, which this thread would hold for a switch interval)
             time.sleep(sys.getswitchinterval())
-        except Exception as e:  # noqa: BLE001 -- a failed first result: start anyway
-            _log.debug("pejit %s: the fold beside starts without the first result (%s)", name, type(e).__name__)
+        except Exception as e:  # noqa: BLE001 -- a failed result: start anyway
+            _log.debug("pejit %s: the fold beside starts without the call's result (%s)", name, type(e).__name__)
         (fold, finish), job.work = job.work, None  # (the constants are the entry's to keep alive, not the job's)
         with carried(), _gc.paused(), specializing():
             spec = fold()
@@ -193,7 +215,7 @@ def settled(spec: Any) -> Any:
     pending = spec.pending
     if pending is None:
         return spec
-    first_result(pending, None)  # (waited for: start now)
+    start_after(pending, None)  # (waited for: start now)
     try:
         return pending.result()
     except Exception:  # noqa: BLE001 -- raised again by the caller's own fold
@@ -211,4 +233,4 @@ def compile_ahead(spec: Any, dyn_args: tuple, dyn_kwargs: dict) -> None:
         pass
 
 
-__all__ = ["Beside", "compile_ahead", "first_result", "possible", "settled", "start", "when_ready"]
+__all__ = ["Beside", "compile_ahead", "possible", "served", "settled", "start", "start_after", "when_ready"]

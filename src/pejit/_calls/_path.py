@@ -135,7 +135,7 @@ class CallPath:
                 cache.several(constants)
             else:
                 cache.counts.hits += 1
-                self._memoize(args, kwargs, layout, key, spec)
+                self._served(args, kwargs, layout, key, spec, out)
                 return out
         key = CallKey(constants, types_key(layout.dyn, args, dyn_kwargs), axes)
         try:
@@ -145,15 +145,9 @@ class CallPath:
             # run under the caller's trace, sees the tracer it closes over
             # (or fails on a leaked one, as jax.jit's call does).
             return self.info.fun(*args, **kwargs)
-        self._memoize(args, kwargs, layout, key, spec)
-        if spec.pending is None:
-            return self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
-        out = None
-        try:
-            out = self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
-            return out
-        finally:  # the work beside this call starts after its first result (see _beside.first_result)
-            _beside.first_result(spec.pending, out)
+        out = self._run(spec, args, kwargs, layout, dyn_args, dyn_kwargs)
+        self._served(args, kwargs, layout, key, spec, out)
+        return out
 
     def _run(self, spec: Specialization, args: tuple, kwargs: dict, layout: Layout, dyn_args: tuple,
              dyn_kwargs: dict):
@@ -186,6 +180,13 @@ class CallPath:
                                      _jax_jit(jvp, options) if self.info.jit else None,
                                      quiet=HINTS, of_derivative=True)
             return self._jvp
+
+    def _served(self, args: tuple, kwargs: dict, layout: Layout, key: CallKey, spec: Specialization,
+                out: Any) -> None:
+        """``spec`` gave this call its result ``out``: it becomes the memo, unless work beside
+        it waits for a later call (:func:`pejit._calls._beside.served`), which must come back here."""
+        if spec.pending is None or _beside.served(spec.pending, out):
+            self._memoize(args, kwargs, layout, key, spec)
 
     def _memoize(self, args: tuple, kwargs: dict, layout: Layout, key: CallKey, spec: Specialization) -> None:
         """Make this call's specialization the memo, if the dispatcher can recognize its constants

@@ -81,8 +81,9 @@ class FoldOptions:
         compile it saves (``fold_first``: a factorization and the products
         around it, not a long chain of arithmetic), the first calls run
         ``jax.jit``'s program, the constants passed, while the fold and the
-        residual's compile run on a worker thread; the calls after it run
-        the folded program. ``specialize``, ``report``, ``lower`` and
+        residual's compile run on a worker thread, from the second call on
+        (a function called once pays nothing beside it); the calls after
+        it run the folded program. ``specialize``, ``report``, ``lower`` and
         ``explain`` wait for the fold. Off, the first call waits for it.
 
     Examples:
