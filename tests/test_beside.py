@@ -33,6 +33,11 @@ def predict(K, y, xq):
     return jnp.tanh(xq[:, None] * K[:8]) @ alpha
 
 
+def shifted(a, x):
+    """A program a fold would not pay for: the work on its constant is small, for XLA to fold."""
+    return x - jnp.nanmin(a)
+
+
 def _entry(f):
     """The specialization a call of ``f`` would run now (its only one)."""
     (spec,) = call_path(f).caches.specializations.values()
@@ -96,9 +101,6 @@ def test_the_work_beside_starts_after_the_second_calls_result():
 @two_cores
 def test_a_function_called_once_starts_no_work_beside_its_call():
     # the compile of its constants in would slow the programs that the script runs next
-    def shifted(a, x):
-        return x - jnp.nanmin(a)
-
     a, x = jnp.asarray(np.random.default_rng(3).standard_normal(100), jnp.float32), jnp.ones(4)
     f = pejit(shifted, constant_argnums=0)
     path = call_path(f)
@@ -130,9 +132,6 @@ def test_a_staged_call_waiting_for_the_work_beside_starts_it():
 def test_small_constants_compile_in_beside_the_first_calls():
     # jax.jit's program, which a fold would not pay for: the first call runs it with the
     # constants passed, and XLA compiles them in beside it, for the calls after it
-    def shifted(a, x):
-        return x - jnp.nanmin(a)
-
     a, x = jnp.asarray(np.random.default_rng(7).standard_normal(200), jnp.float32), jnp.ones(8)
     f = pejit(shifted, constant_argnums=0)
     want = jax.jit(shifted)(a, x)
