@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 from .. import _compat
+from .._fold import _libc
 from .._fold._values import byte_view
 
 
@@ -168,18 +169,7 @@ SNAPSHOT_BYTES = 16 << 20
 MEMCMP_BYTES = 64 << 10
 
 
-def _libc_memcmp() -> Callable | None:
-    """C's ``memcmp`` (``ctypes`` releases the GIL around it), or None where no C library is loaded."""
-    try:
-        memcmp = ctypes.CDLL(None).memcmp
-    except (OSError, AttributeError, TypeError):  # Windows: CDLL(None) is refused
-        return None
-    memcmp.restype = ctypes.c_int
-    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    return memcmp
-
-
-_MEMCMP = _libc_memcmp()
+_MEMCMP = _libc.function("memcmp", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t])
 
 
 def unchanged(arrays: list[np.ndarray]) -> Callable[[], bool] | None:

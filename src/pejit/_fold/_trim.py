@@ -31,6 +31,8 @@ import functools
 import time
 from collections.abc import Callable
 
+from . import _libc
+
 #: Seconds of a batch between two trims: often enough that the arenas do not
 #: climb far between them, rarely enough that the trims (milliseconds each)
 #: stay a small share of the batch; trimming more often lowers the peak no
@@ -41,17 +43,9 @@ PERIOD = 0.05
 KEEP_BYTES = 256 * 2**20
 
 
-def _libc(name: str) -> Callable | None:
-    """The function ``name`` of the process's C library, or None where it has none."""
-    try:
-        return getattr(ctypes.CDLL(None), name)
-    except (OSError, AttributeError, TypeError):  # no such function; no CDLL(None) on Windows
-        return None
-
-
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    return _libc("malloc_trim")
+    return _libc.function("malloc_trim", ctypes.c_int, [ctypes.c_size_t])
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -62,10 +56,7 @@ class _Mallinfo2(ctypes.Structure):
 
 @functools.cache
 def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
-    mallinfo2 = _libc("mallinfo2")  # glibc 2.33 and later
-    if mallinfo2 is not None:
-        mallinfo2.restype = _Mallinfo2
-    return mallinfo2
+    return _libc.function("mallinfo2", _Mallinfo2)  # glibc 2.33 and later
 
 
 def free_bytes() -> int | None:
