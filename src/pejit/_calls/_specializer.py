@@ -393,7 +393,7 @@ def replayed_per_value(info: PejitInfo, layout: Layout, traced: _look.Traced, ar
     A trace of the Python with the values binds each ``jnp`` function on them as a
     call of its own (``jit(multiply)``), which derivatives then transform whole:
     TFC's WaveEquation2D evaluates 1072 known equations from ``jax.jit``'s trace,
-    against 1464 and 77 such calls from its Python."""
+    against 1464 (77 of them such calls) from its Python."""
     spec = specialize_per_value(
         info, layout, lambda *leaves: replay(_compat.core_trace(), traced.jaxpr, [*arrays, *leaves]),
         traced.out_tree, in_tree, avals, None)
