@@ -278,7 +278,7 @@ def least_squares_step(xi, X):  # TFC's shape: a basis on constant points, one G
 def test_the_tfc_form_folds_its_value_by_replaying_jax_jits_trace(form):
     # the known work a call-time fold evaluates, concretely: no jnp function evaluated as
     # a call of its own (jit(multiply), jit(cos)), as a trace of the Python with the
-    # values binds them (TFC's WaveEquation2D: 1464 recipes and 77 calls, against 1072)
+    # values binds them (TFC's WaveEquation2D: 1464 recipes, 77 of them calls, against 1072)
     X, xi = np.linspace(0.0, 1.0, 40, dtype=np.float32), jnp.zeros(6)
     call = pejit(least_squares_step, constant_argnums=1).report(xi, X)
     tfc_form = form(xi, X, constant_arg_nums=[1])(least_squares_step)

@@ -133,12 +133,12 @@ def test_the_reference_folds_the_basis_at_the_zero_once(reference):
 
 @pytest.mark.parametrize("spelling", ZEROS)
 def test_every_zero_folds_alike(spelling, reference):
-    _same_fold(fold(ZEROS[spelling], ONES["ones_like"]), reference, spelling in PYTHON_TRACED)
+    _same_fold(fold(ZEROS[spelling], ONES["ones_like"]), reference, int(spelling in PYTHON_TRACED))
 
 
 @pytest.mark.parametrize("spelling", ONES)
 def test_every_one_folds_alike(spelling, reference):
-    _same_fold(fold(ZEROS["zeros_like"], ONES[spelling]), reference, spelling in PYTHON_TRACED)
+    _same_fold(fold(ZEROS["zeros_like"], ONES[spelling]), reference, int(spelling in PYTHON_TRACED))
 
 
 def test_a_zero_with_signs_is_not_the_zero(reference):
