@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pejit import FoldOptions, pejit
+from pejit import FoldOptions, pe, pejit
 from pejit._calls import _beside
 from pejit._calls._program import AsGiven, FoldingProgram
 from pejit._jit import call_path
@@ -263,6 +263,30 @@ def test_a_trace_that_needs_values_folds_each_value():
     (note,) = f.report(jnp.ones(3), jnp.ones(3)).fallbacks
     assert "needs constant values" in note
     np.testing.assert_allclose(f(-jnp.ones(3), jnp.ones(3)), jnp.ones(3))
+
+
+def least_squares_step(xi, X):  # TFC's shape: a basis on constant points, one Gauss-Newton step
+    H = jnp.stack([jnp.cos(k * X) for k in range(6)], axis=1)
+
+    def residual(xi):
+        return H @ xi - jnp.sin(X) + (H * X[:, None]) @ xi
+
+    return xi - jnp.linalg.lstsq(jax.jacfwd(residual)(xi), residual(xi))[0]
+
+
+@pytest.mark.parametrize("form", [pejit, pe])
+def test_the_tfc_form_folds_its_value_by_replaying_jax_jits_trace(form):
+    # the known work a call-time fold evaluates, concretely: no jnp function evaluated as
+    # a call of its own (jit(multiply), jit(cos)), as a trace of the Python with the
+    # values binds them (TFC's WaveEquation2D: 1464 recipes and 77 calls, against 1072)
+    X, xi = np.linspace(0.0, 1.0, 40, dtype=np.float32), jnp.zeros(6)
+    call = pejit(least_squares_step, constant_argnums=1).report(xi, X)
+    tfc_form = form(xi, X, constant_arg_nums=[1])(least_squares_step)
+    tfc = tfc_form.specialize(xi).residual.report
+    assert tfc.folded == call.folded and "jit(multiply)" not in tfc.folded
+    assert tfc.residual == call.residual == {"dot_general": 1, "add": 1}
+    assert tfc.backends == {"eager": 1}  # its values, not a folding program (call.backends: "program")
+    np.testing.assert_allclose(tfc_form(xi), jax.jit(least_squares_step)(xi, X), rtol=1e-4, atol=1e-4)
 
 
 # -- the guard of writable NumPy constants, beside the run ------------------------------

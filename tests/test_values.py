@@ -48,3 +48,12 @@ def test_the_device_program_compiles_once_per_type():
         _values._uniform_on_device(b)
         _values._uniform_on_device(c)
     assert compiles.count == 0
+
+
+def test_a_numpy_scalar_is_keyed_by_its_value():
+    # a literal of a replayed jaxpr is a NumPy scalar before JAX 0.10 (a 0-d array
+    # after): a broadcast of it is then a zero however the program spelled it
+    zero = _values.value_key(np.zeros((), np.float32))
+    assert _values.value_key(np.float32(0)) == zero == _values.value_key(np.float32(0.0))
+    assert _values.value_key(np.float32(-0.0)) != zero
+    assert _values.value_key(np.float64(0)) != zero

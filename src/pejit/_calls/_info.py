@@ -40,7 +40,9 @@ class PejitInfo:
     ``jit_options``: ``jax.jit``'s keywords as given, for a ``jax.jit`` of a
     function of the same signature (the trace of a residual).
     ``one_value``: the constants never change (the TFC form binds them), so
-    each specialization folds concretely, with no folding program.
+    each specialization folds concretely, with no folding program: ``jax.jit``'s
+    trace replayed on the values, where it has one (see
+    :func:`~pejit._calls._specializer.replayed_per_value`).
     """
 
     fun: Callable

@@ -115,10 +115,7 @@ class FoldingProgram:
         while the program was traced (see :meth:`pejit._fold._offload.Kernels.given`).
         """
         backend = "eager" if self.backend == "compiled" else self.backend
-        # as the compiled program takes them: a float64 NumPy constant is
-        # float32 when 64-bit mode is off, rounded before anything reads it
-        arrays = [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype
-                  else a for a, aval in zip(arrays, self.traced.jaxpr.in_avals)]
+        arrays = as_traced(arrays, self.traced.jaxpr.in_avals)
         segments: list[BatchInfo] = []
         out = _batch.run_jaxpr(self.traced.jaxpr, arrays, backend, keep, tick, segments, kernels)
         for seg in segments:  # where the first value's time goes (the bench's fold breakdown reads these)
@@ -176,6 +173,14 @@ class PerValue(NamedTuple):
 
     reason: str
     serves: Any = None
+
+
+def as_traced(arrays: Sequence, avals: Sequence) -> list:
+    """``arrays`` as a program traced for ``avals`` takes them: a float64 NumPy
+    constant is float32 when 64-bit mode is off, rounded before anything reads it
+    (JAX before 0.10 binds a traced jaxpr's inputs as they come)."""
+    return [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype else a
+            for a, aval in zip(arrays, avals)]
 
 
 def inlinable(consts: Sequence) -> bool:

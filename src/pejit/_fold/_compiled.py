@@ -198,8 +198,13 @@ def _link(prev: Sequence[Any], run: Sequence[Any]) -> dict[tuple[int, int], int]
 
 
 def _same_literal(x, y) -> bool:
-    """Equal scalars of one type (the runs' shared structure already compares literals)."""
-    return not isinstance(x, (np.ndarray, jax.Array)) and not is_var(x) and type(x) is type(y) and x == y
+    """Equal scalars of one type (the runs' shared structure already compares literals):
+    Python's or NumPy's, as a trace binds them, or 0-d arrays, as a replayed jaxpr's literals hold them."""
+    if is_var(x) or isinstance(x, jax.Array) or type(x) is not type(y):
+        return False
+    if isinstance(x, np.ndarray):
+        return x.shape == y.shape == () and x.dtype == y.dtype and bool(x == y)
+    return x == y
 
 
 def chain(runs: Sequence[Sequence[Any]], start: int, reads: Counter, needed: Collection[Any]) -> Chain | None:

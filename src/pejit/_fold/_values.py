@@ -135,6 +135,8 @@ def value_key(c):
     a zero is folded once. Small arrays are keyed by their bytes; other
     arrays by identity (hashing a large constant would cost a pass over it).
     """
+    if isinstance(c, np.generic):  # a literal of a replayed jaxpr before JAX 0.10 (after, a 0-d array)
+        c = np.asarray(c)
     if isinstance(c, _compat.Tracer) or not isinstance(c, (jax.Array, np.ndarray)) or not in_host_memory(c):
         return ("id", id(c))
     if jax.dtypes.issubdtype(c.dtype, jax.dtypes.extended) or c.dtype == object:
