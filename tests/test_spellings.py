@@ -9,6 +9,7 @@ values.
 """
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -207,3 +208,16 @@ def test_a_call_whose_body_is_spelled_anew_folds_once():
     evaluated = sum((b.primitives for b in report.batches), collections.Counter())
     assert evaluated["jit"] == 2, evaluated  # the calls, evaluated whole
     np.testing.assert_allclose(np.asarray(g(xi)), np.asarray(jax.jit(f)(xi, c)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["tfc", "call"])
+def test_a_product_with_a_negative_zero_is_not_the_product_with_zero(form):
+    """The fold memo keys a scalar by its bits: ``c * -0.0`` holds ``-0.0`` where ``c * 0.0`` holds ``0.0``."""
+    def f(x, c):
+        return x + 1 / lax.mul(c, 0.0), x + 1 / lax.mul(c, -0.0)
+
+    one = np.float32(1)
+    g = pejit(one, y, constant_arg_nums=[1])(f) if form == "tfc" else functools.partial(
+        pejit(f, constant_argnums=1), c=y)
+    for got, want in zip(g(one), jax.jit(f)(one, y)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

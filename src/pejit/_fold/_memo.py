@@ -27,6 +27,13 @@ from ._primitives import params_key
 _SPREADS = frozenset({P.broadcast_in_dim_p, P.reshape_p})
 
 
+def _bits(a):
+    """A Python scalar as a key: a float by its bits, not ``==`` (``c * -0.0`` is not ``c * 0.0``)."""
+    if isinstance(a, complex):
+        return a.real.hex(), a.imag.hex()
+    return a.hex() if isinstance(a, float) else a
+
+
 class FoldKey(NamedTuple):
     """What identifies a fold: its primitive, its parameters (as a key) and its inputs (as keys)."""
 
@@ -60,7 +67,7 @@ class Memo:
             if var is not None:
                 return self._uniform.get(var, var)
             if isinstance(a, (bool, int, float, complex)):  # JAX's typed scalars carry a dtype
-                return (type(a), a, getattr(a, "dtype", None))
+                return (type(a), _bits(a), getattr(a, "dtype", None))
             held = self._value_keys.get(id(a))
             if held is None or held[1] is not a:
                 held = self._value_keys[id(a)] = (_values.value_key(a), a)
