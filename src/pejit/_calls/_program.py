@@ -178,7 +178,8 @@ class PerValue(NamedTuple):
 def as_traced(arrays: Sequence, avals: Sequence) -> list:
     """``arrays`` as a program traced for ``avals`` takes them: a float64 NumPy
     constant is float32 when 64-bit mode is off, rounded before anything reads it
-    (JAX before 0.10 binds a traced jaxpr's inputs as they come)."""
+    (the host's NumPy computes in an array's own type, and JAX before 0.10 binds
+    a replayed jaxpr's inputs as they come)."""
     return [np.asarray(a, aval.dtype) if isinstance(a, (np.ndarray, np.generic)) and a.dtype != aval.dtype else a
             for a, aval in zip(arrays, avals)]
 
