@@ -1,27 +1,38 @@
-"""What pejit adds to a small program's first call, in a warm process (issue 72).
+"""What pejit adds to a small program's first call, apart from XLA's compile (issue 72).
 
 Most programs of ``benchmarks/first_call.py`` compile in 20-60 ms, where the
 fresh processes it measures move by up to 50% from run to run; pejit's own
 part of such a first call (its call path, the look at jax.jit's trace, the
-report) is a few milliseconds, which that noise hides. Here each round makes a
+report) is a millisecond or two, which that noise hides. Here each round makes a
 new function (nothing cached) of a program that folds nothing worth a fold, at
 a new shape, and times its first call under ``jax.jit`` and under pejit,
-rotating which goes first; what is printed is the median over rounds of
-pejit's time minus ``jax.jit``'s, and their ratio. A third variant keeps the
-constants out of the program (``FoldOptions(literals=False)``): what compiling
-them in, as ``jax.jit`` compiles the arrays a function closes over, adds to the
-first call (it is what makes later calls as fast as ``jax.jit``'s with them
-closed over). A fresh process pays once more what the first call imports (not
-counted here).
+rotating which goes first. JAX's own monitoring events give the time XLA
+spent compiling (``backend_compile_duration``); the rest (trace, lowering,
+pejit's look, dispatch) is what pejit can add to. Printed per program: the
+median first call and the median time outside the compile of each variant,
+and the median over rounds of pejit's time minus ``jax.jit``'s, both whole
+and outside the compile. A third variant keeps the constants out of the
+program (``FoldOptions(literals=False)``): what compiling them in, as
+``jax.jit`` compiles the arrays a function closes over, adds to the first
+call (it is what makes later calls as fast as ``jax.jit``'s with them closed
+over).
 
-Run: ``python benchmarks/first_call_overhead.py [--rounds 30]``
+With ``--fresh`` each variant's first call runs in a process of its own, as
+a user's script meets it: it then also pays what a first call runs for the
+first time in a process (pejit's modules' first calls, JAX's paths that
+``jax.jit`` alone does not take); ``import pejit`` is paid before the clock.
+
+Run: ``python benchmarks/first_call_overhead.py [--rounds 30] [--fresh]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 
@@ -42,37 +53,86 @@ PROGRAMS = {
 }
 
 
-def first_call(make, fun, *args) -> float:
+_COMPILING = [0.0]  # seconds XLA spent compiling since the last reset
+
+
+def _count_compiles(event: str, seconds: float, **_) -> None:
+    if event.endswith("backend_compile_duration"):
+        _COMPILING[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+def first_call(make, fun, *args) -> tuple[float, float]:
+    """The first call's seconds, and those of it XLA spent compiling."""
+    _COMPILING[0] = 0.0
     start = time.perf_counter()
     jax.block_until_ready(make(fun)(*args))
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _COMPILING[0]
+
+
+VARIANTS = {"jax.jit": jax.jit, "pejit": lambda f: pejit(f, constant_argnums=0),
+            "pejit, literals=False": lambda f: pejit(f, constant_argnums=0, fold_options=FoldOptions(literals=False))}
+
+
+def _arguments(r: int) -> tuple:
+    rng = np.random.default_rng(r)
+    return tuple(jnp.asarray(rng.uniform(-2, 2, (3, 4 + r)), jnp.float32) for _ in range(2))
+
+
+def _once(name: str, variant: str, r: int) -> tuple[float, float]:
+    program = PROGRAMS[name]
+    fun = lambda x, y: program(x, y)  # noqa: E731 - a new function each round: nothing cached
+    return first_call(VARIANTS[variant], fun, *jax.block_until_ready(_arguments(r)))
+
+
+def _fresh(name: str, variant: str, r: int) -> tuple[float, float]:
+    cmd = [sys.executable, __file__, "--worker", json.dumps([name, variant, r])]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return tuple(json.loads(out.splitlines()[-1]))
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--fresh", action="store_true", help="each first call in a process of its own")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", NothingFoldedWarning)
-    variants = {"jax.jit": jax.jit, "pejit": lambda f: pejit(f, constant_argnums=0),
-                "pejit, literals=False": lambda f: pejit(f, constant_argnums=0, fold_options=FoldOptions(literals=False))}
-    for make in variants.values():  # each variant's first compile in this process, before the clock
-        first_call(make, lambda x, y: x * y, jnp.ones(2), jnp.ones(2))
-    for name, program in PROGRAMS.items():
-        times: dict[str, list[float]] = {v: [] for v in variants}
+    if args.worker:
+        print(json.dumps(_once(*json.loads(args.worker))))
+        return
+    if not args.fresh:
+        for make in VARIANTS.values():  # each variant's first compile in this process, before the clock
+            first_call(make, lambda x, y: x * y, jnp.ones(2), jnp.ones(2))
+    run = _fresh if args.fresh else _once
+    for name in PROGRAMS:
+        times: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
         for r in range(args.rounds):
-            rng = np.random.default_rng(r)
-            x, y = (jnp.asarray(rng.uniform(-2, 2, (3, 4 + r)), jnp.float32) for _ in range(2))
-            order = list(variants)
+            order = list(VARIANTS)
             for v in order[r % 3:] + order[: r % 3]:
-                fun = lambda x, y: program(x, y)  # noqa: E731 - a new function each round: nothing cached
-                times[v].append(first_call(variants[v], fun, x, y))
-        jit = statistics.median(times["jax.jit"])
-        parts = [f"{name}: jax.jit {jit * 1e3:.1f} ms"]
-        for v in list(variants)[1:]:
-            added = statistics.median(p - j for p, j in zip(times[v], times["jax.jit"]))
-            parts.append(f"{v} {statistics.median(times[v]) * 1e3:.1f} ms (adds {added * 1e3:.1f} ms, "
-                         f"ratio {statistics.median(times[v]) / jit:.2f})")
-        print(", ".join(parts) + f"; medians of {args.rounds} rounds")
+                times[v].append(run(name, v, r))
+        jit = times["jax.jit"]
+        parts = [f"{name}: jax.jit {_ms(jit, _total)} ({_ms(jit, _outside)} outside the compile)"]
+        for v in list(VARIANTS)[1:]:
+            added = statistics.median(p[0] - j[0] for p, j in zip(times[v], jit))
+            added_outside = statistics.median(_outside(p) - _outside(j) for p, j in zip(times[v], jit))
+            parts.append(f"{v} {_ms(times[v], _total)} ({_ms(times[v], _outside)} outside), adds {added * 1e3:.1f} "
+                         f"ms ({added_outside * 1e3:.1f} ms outside the compile)")
+        print("; ".join(parts) + f"; medians of {args.rounds} rounds" + (", fresh processes" if args.fresh else ""))
+
+
+def _total(t: tuple[float, float]) -> float:
+    return t[0]
+
+
+def _outside(t: tuple[float, float]) -> float:
+    return t[0] - t[1]
+
+
+def _ms(times: list, part) -> str:
+    return f"{statistics.median(map(part, times)) * 1e3:.1f} ms"
 
 
 if __name__ == "__main__":
