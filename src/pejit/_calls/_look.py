@@ -37,7 +37,7 @@ from jax.extend.core import ClosedJaxpr
 from .. import _compat
 from .._fold import _cost, _device, _gc, _host, _known, _offload
 from .._fold._options import FoldOptions
-from .._fold._primitives import called_jaxpr, folds_alike, subjaxprs
+from .._fold._primitives import all_eqns, called_jaxpr, folds_alike
 from .._fold._staging import ClosedOverTracer
 from .._fold._stats import noting
 from .._fold._values import nbytes
@@ -241,12 +241,7 @@ def _folded_anyway(jaxpr, n: int, work: _known.KnownWork, options: FoldOptions) 
 def _lowerable(jaxpr) -> bool:
     """Whether every primitive of ``jaxpr`` (its sub-programs' too) compiles on this backend."""
     platform = jax.default_backend()
-    return all(_compat.has_lowering(e.primitive, platform) and all(map(_lowerable_sub, subjaxprs(e.params)))
-               for e in jaxpr.eqns)
-
-
-def _lowerable_sub(sub) -> bool:
-    return _lowerable(getattr(sub, "jaxpr", sub))
+    return all(_compat.has_lowering(e.primitive, platform) for e in all_eqns(jaxpr))
 
 
 #: Primitives whose rules are Python functions a jaxpr does not show: a
@@ -256,8 +251,7 @@ _OPAQUE = frozenset(["custom_lin"])
 
 
 def _calls_rules(jaxpr) -> bool:
-    return any(e.primitive.name in _OPAQUE or any(_calls_rules(getattr(s, "jaxpr", s)) for s in subjaxprs(e.params))
-               for e in jaxpr.eqns)
+    return any(e.primitive.name in _OPAQUE for e in all_eqns(jaxpr))
 
 
 __all__ = ["Look", "Traced", "look", "trace"]

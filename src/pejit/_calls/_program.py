@@ -29,7 +29,7 @@ from ._dispatch import Layout
 from ._info import PejitInfo
 from ._keys import OtherSignature
 from .._fold._stats import BatchInfo, FoldStats
-from .._fold._primitives import CUSTOM_CALLS, subjaxprs
+from .._fold._primitives import CUSTOM_CALLS, all_eqns, subjaxprs
 from .._reports._report import FoldReport
 from .._residual._partial_eval import Residual, SharePlan
 
@@ -364,8 +364,7 @@ def evaluates_no_tracer(jaxpr) -> bool:
     rule runs only where the program is differentiated (or batched), a callback on every
     call (Equinox's checks hold one), and must not close over a constant's tracer."""
     return not any(eqn.primitive.name.endswith("callback") and _reaches_tracer(eqn.params.get("callback"))
-                   or not all(evaluates_no_tracer(getattr(sub, "jaxpr", sub)) for sub in subjaxprs(eqn.params))
-                   for eqn in jaxpr.eqns)
+                   for eqn in all_eqns(jaxpr))
 
 
 def _reaches_tracer(obj: Any, budget: int = 5000) -> bool:
@@ -394,8 +393,7 @@ def _holds_python(jaxpr) -> bool:
     run later (a custom rule, a callback): only one can reach a tracer of an ended trace,
     and the search for live tracers scans the whole heap (10 ms of a small program's first call)."""
     return any(any(callable(v) or hasattr(v, "call_wrapped") for v in eqn.params.values())  # (a WrappedFun)
-               or any(_holds_python(getattr(sub, "jaxpr", sub)) for sub in subjaxprs(eqn.params))
-               for eqn in jaxpr.eqns)
+               for eqn in all_eqns(jaxpr))
 
 
 def _has_live_tracers(trace_ref: weakref.ref, young: bool = False) -> bool:
@@ -422,13 +420,10 @@ def _tracers_of(trace_ref: weakref.ref, generations: tuple | None) -> bool:
 
 def _closing_custom_call(jaxpr) -> str | None:
     """The name of a custom call in ``jaxpr`` (or in its sub-jaxprs) with closed-over inputs."""
-    for eqn in jaxpr.eqns:
-        subs = [getattr(sub, "jaxpr", sub) for sub in subjaxprs(eqn.params)]
+    for eqn in all_eqns(jaxpr):
         if eqn.primitive.name in CUSTOM_CALLS and eqn.params.get("num_consts", 0):
-            return getattr(subs[0].debug_info, "func_name", eqn.primitive.name)
-        for name in map(_closing_custom_call, subs):
-            if name is not None:
-                return name
+            body = next(subjaxprs(eqn.params))
+            return getattr(getattr(body, "jaxpr", body).debug_info, "func_name", eqn.primitive.name)
     return None
 
 

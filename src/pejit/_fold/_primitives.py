@@ -8,7 +8,7 @@ counts elementwise work. Each reads its kinds here.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,31 @@ def subjaxprs(params: dict):
         for sub in v if isinstance(v, (tuple, list)) else (v,):
             if isinstance(sub, (Jaxpr, ClosedJaxpr)):
                 yield sub
+
+
+def all_eqns(jaxpr) -> Iterator[Any]:
+    """Each equation of ``jaxpr`` (open or closed) and of its sub-jaxprs, each distinct
+    sub-jaxpr once: ``jax.jit``'s trace gives every call of one function on the same
+    types the same body (``jnp`` functions, a model's layers), which a walk call by call
+    visits again for each.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> f = jax.jit(jnp.sin)
+      >>> closed = jax.make_jaxpr(lambda x: f(f(x)))(1.0)
+      >>> [e.primitive.name for e in all_eqns(closed)][2:]  # two calls, then their one body
+      ['sin']
+    """
+    seen: set[int] = set()
+    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while stack:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            yield eqn
+            stack.extend(getattr(sub, "jaxpr", sub) for sub in subjaxprs(eqn.params))
 
 
 def called_jaxpr(prim, params: dict):
