@@ -22,7 +22,10 @@ a user's script meets it: it then also pays what a first call runs for the
 first time in a process (pejit's modules' first calls, JAX's paths that
 ``jax.jit`` alone does not take); ``import pejit`` is paid before the clock.
 
-Run: ``python benchmarks/first_call_overhead.py [--rounds 30] [--fresh]``
+``--numpy`` passes the arguments as NumPy arrays, as a script that builds
+its data with NumPy does.
+
+Run: ``python benchmarks/first_call_overhead.py [--rounds 30] [--fresh] [--numpy]``
 """
 
 from __future__ import annotations
@@ -76,19 +79,20 @@ VARIANTS = {"jax.jit": jax.jit, "pejit": lambda f: pejit(f, constant_argnums=0),
             "pejit, literals=False": lambda f: pejit(f, constant_argnums=0, fold_options=FoldOptions(literals=False))}
 
 
-def _arguments(r: int) -> tuple:
+def _arguments(r: int, numpy: bool) -> tuple:
     rng = np.random.default_rng(r)
-    return tuple(jnp.asarray(rng.uniform(-2, 2, (3, 4 + r)), jnp.float32) for _ in range(2))
+    arrays = tuple(rng.uniform(-2, 2, (3, 4 + r)).astype(np.float32) for _ in range(2))
+    return arrays if numpy else jax.block_until_ready(tuple(map(jnp.asarray, arrays)))
 
 
-def _once(name: str, variant: str, r: int) -> tuple[float, float]:
+def _once(name: str, variant: str, r: int, numpy: bool) -> tuple[float, float]:
     program = PROGRAMS[name]
     fun = lambda x, y: program(x, y)  # noqa: E731 - a new function each round: nothing cached
-    return first_call(VARIANTS[variant], fun, *jax.block_until_ready(_arguments(r)))
+    return first_call(VARIANTS[variant], fun, *_arguments(r, numpy))
 
 
-def _fresh(name: str, variant: str, r: int) -> tuple[float, float]:
-    cmd = [sys.executable, __file__, "--worker", json.dumps([name, variant, r])]
+def _fresh(name: str, variant: str, r: int, numpy: bool) -> tuple[float, float]:
+    cmd = [sys.executable, __file__, "--worker", json.dumps([name, variant, r, numpy])]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return tuple(json.loads(out.splitlines()[-1]))
 
@@ -97,6 +101,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--fresh", action="store_true", help="each first call in a process of its own")
+    parser.add_argument("--numpy", action="store_true", help="the arguments NumPy arrays, not jax.Arrays")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", NothingFoldedWarning)
@@ -105,14 +110,14 @@ def main(argv=None) -> None:
         return
     if not args.fresh:
         for make in VARIANTS.values():  # each variant's first compile in this process, before the clock
-            first_call(make, lambda x, y: x * y, jnp.ones(2), jnp.ones(2))
+            first_call(make, lambda x, y: x * y, *_arguments(100, args.numpy))
     run = _fresh if args.fresh else _once
     for name in PROGRAMS:
         times: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
         for r in range(args.rounds):
             order = list(VARIANTS)
             for v in order[r % 3:] + order[: r % 3]:
-                times[v].append(run(name, v, r))
+                times[v].append(run(name, v, r, args.numpy))
         jit = times["jax.jit"]
         parts = [f"{name}: jax.jit {_ms(jit, _total)} ({_ms(jit, _outside)} outside the compile)"]
         for v in list(VARIANTS)[1:]:
@@ -120,7 +125,8 @@ def main(argv=None) -> None:
             added_outside = statistics.median(_outside(p) - _outside(j) for p, j in zip(times[v], jit))
             parts.append(f"{v} {_ms(times[v], _total)} ({_ms(times[v], _outside)} outside), adds {added * 1e3:.1f} "
                          f"ms ({added_outside * 1e3:.1f} ms outside the compile)")
-        print("; ".join(parts) + f"; medians of {args.rounds} rounds" + (", fresh processes" if args.fresh else ""))
+        print("; ".join(parts) + f"; medians of {args.rounds} rounds" + (", fresh processes" if args.fresh else "")
+              + (", NumPy arguments" if args.numpy else ""))
 
 
 def _total(t: tuple[float, float]) -> float:

@@ -16,6 +16,7 @@ import pytest
 
 from pejit import FoldOptions, pe, pejit
 from pejit._calls import _beside
+from pejit._calls._cache import NO_MEMO
 from pejit._calls._program import AsGiven, FoldingProgram
 from pejit._jit import call_path
 
@@ -205,6 +206,32 @@ def test_a_fold_too_small_to_win_back_its_compile_is_jax_jits_program():
     assert isinstance(g.specialize(a, x).program.folding_program, FoldingProgram)
 
 
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_numpy_constants_of_jax_jits_program_are_put_on_the_device_by_a_second_call(monkeypatch):
+    # the first call passes them as jax.jit's first call passes its arguments (jax.device_put's
+    # first call in a process costs about a millisecond); a function called again puts them
+    # on the device once, not transferred by every call
+    a = np.asarray(rng.standard_normal((16, 16)), np.float32)
+    a.setflags(write=False)
+    x = jnp.ones(256)
+    f = pejit(little, constant_argnums=0, fold_options=FoldOptions(literals=False))
+    puts = []
+    put = jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda *args, **kwargs: puts.append(args[0]) or put(*args, **kwargs))
+    first = f(a, x)
+    assert _memo(f) is NO_MEMO  # no memo yet: the next call comes back to put them
+    spec = f.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.consts[-1] is a and not puts
+    second = f(a, x)
+    assert _memo(f)[-1] is spec.call  # the memo now, passing them from the device
+    assert isinstance(spec.consts[-1], jax.Array) and puts == [a]
+    with f32_products():
+        want = jax.jit(little)(a, x)
+        for out in (first, second, f(a, x)):
+            np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(spec.consts[-1], a)
+    assert len(puts) == 1  # the third call ran from the memo
 def test_a_small_sum_that_does_not_pay_is_compiled_in():
     # a variance of 12 constants does not pay a fold either; passed, its constants would
     # make jax.jit's program slower than with them closed over: compiled in, XLA folds the

@@ -183,9 +183,13 @@ class CallPath:
 
     def _served(self, args: tuple, kwargs: dict, layout: Layout, key: CallKey, spec: Specialization,
                 out: Any) -> None:
-        """``spec`` gave this call its result ``out``: it becomes the memo, unless work beside
-        it waits for a later call (:func:`pejit._calls._beside.served`), which must come back here."""
-        if spec.pending is None or _beside.served(spec.pending, out):
+        """``spec`` gave this call its result ``out``: it becomes the memo, unless a later call
+        must come back here: to start the work beside it (:func:`pejit._calls._beside.served`),
+        or to put its constants on the device (:meth:`~pejit._calls._program.Specialization.served`)."""
+        ready = spec.served()
+        if spec.pending is not None and not _beside.served(spec.pending, out):
+            return
+        if ready:
             self._memoize(args, kwargs, layout, key, spec)
 
     def _memoize(self, args: tuple, kwargs: dict, layout: Layout, key: CallKey, spec: Specialization) -> None:

@@ -150,7 +150,9 @@ class FoldingProgram:
 class AsGiven:
     """The folding program of a structure that folds nothing (see
     :func:`pejit._calls._specializer.unfolded_program`): a value's constants are
-    passed as they are, after the values the traced program closes over."""
+    passed as they are, after the values the traced program closes over (host
+    arrays stay on the host until a specialization is called again, see
+    :meth:`Specialization.served`)."""
 
     share = None  # nothing equal or uniform is left out (see SharePlan)
 
@@ -159,7 +161,7 @@ class AsGiven:
         self.compile_in = compile_in  # the first value's constants are compiled in (XLA folds their work)
 
     def __call__(self, *arrays) -> list:
-        return [*self.closed_over, *(a if isinstance(a, jax.Array) else jax.device_put(a) for a in arrays)]
+        return [*self.closed_over, *arrays]
 
 
 class PerValue(NamedTuple):
@@ -212,19 +214,44 @@ class Specialization:
       ['dot_general']
     """
 
-    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual", "pending", "__weakref__")
+    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual", "pending", "on_host", "__weakref__")
 
     def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None,
                  pending: Any = None):
         self.program = program
         self.consts = consts
         self.call = functools.partial(program.run, *self.passed)
+        # the calls served with NumPy constants passed, None where none are (see served)
+        self.on_host = 0 if any(isinstance(c, (np.ndarray, np.generic)) for c in self.passed) else None
         self.fold_seconds = fold_seconds
         self._residual = residual
         # jax.jit's program, serving while the fold runs beside it (FoldOptions.beside):
         # before it starts, the fold to run (a function); then its future, whose result is
         # the folded specialization, or None where it was given up (see pejit._calls._beside)
         self.pending = pending
+
+    def served(self) -> bool:
+        """A call of this specialization has its result: whether it may serve the next
+        ones from the dispatchers' memo (see ``pejit._calls._path.CallPath._served``).
+
+        Not yet where it passes NumPy constants (a structure's first value where the
+        fold does not pay: ``jax.jit``'s program with the constants as given): its
+        first call passes them as ``jax.jit``'s first call passes its arguments, its
+        dispatch transferring them, and its second puts them on the device once, so
+        that later calls do not transfer them again. A function called once never
+        pays ``jax.device_put``, whose first call in a process costs about a
+        millisecond (setting up what ``jax.jit``'s dispatch does not use), a few
+        percent of a small program's first call.
+        """
+        if self.on_host is None:
+            return True
+        if self.on_host == 0:
+            self.on_host = 1
+            return False
+        self.consts = [jax.device_put(c) if isinstance(c, (np.ndarray, np.generic)) else c for c in self.consts]
+        self.call = functools.partial(self.program.run, *self.passed)
+        self.on_host = None
+        return True
 
     @property
     def passed(self) -> list:
@@ -274,7 +301,7 @@ class Specialization:
         """
         if self.compiles_in:
             self.program.compiled_in = True
-            self.call = self._constants_in(jit_kwargs)
+            self.call, self.on_host = self._constants_in(jit_kwargs), None
 
     def compile_in_beside(self, jit_kwargs: dict) -> Callable[[], Specialization]:
         """The work of ``compile_in`` for a worker, where this is ``jax.jit``'s program: a
@@ -288,7 +315,7 @@ class Specialization:
 
     def _compiled_in(self, jit_kwargs: dict) -> Specialization:
         spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
-        spec.call = spec._constants_in(jit_kwargs)
+        spec.call, spec.on_host = spec._constants_in(jit_kwargs), None
         return spec
 
     def _constants_in(self, jit_kwargs: dict) -> Callable:
