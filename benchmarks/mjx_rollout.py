@@ -14,7 +14,8 @@ steps). Per model:
   (:data:`READ_ONLY`).
 
 Values are checked equal to ``jax.jit``'s. Needs ``mujoco-mjx``: with JAX 0.10.2,
-``pip install mujoco-mjx "mujoco<4"`` (3.17.0 of both). Run:
+``pip install "mujoco-mjx==3.17.0" "mujoco==3.17.0"`` (unpinned, pip may pair an older
+mjx with mujoco 4's split packages, which fails to import). Run:
 ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python benchmarks/mjx_rollout.py [--repeat N]``
 """
 
