@@ -206,7 +206,6 @@ def test_a_fold_too_small_to_win_back_its_compile_is_jax_jits_program():
     assert isinstance(g.specialize(a, x).program.folding_program, FoldingProgram)
 
 
-
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
 def test_numpy_constants_of_jax_jits_program_are_put_on_the_device_by_a_second_call(monkeypatch):
     # the first call passes them as jax.jit's first call passes its arguments (jax.device_put's
@@ -232,6 +231,8 @@ def test_numpy_constants_of_jax_jits_program_are_put_on_the_device_by_a_second_c
             np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(spec.consts[-1], a)
     assert len(puts) == 1  # the third call ran from the memo
+
+
 def test_a_small_sum_that_does_not_pay_is_compiled_in():
     # a variance of 12 constants does not pay a fold either; passed, its constants would
     # make jax.jit's program slower than with them closed over: compiled in, XLA folds the

@@ -23,7 +23,7 @@ import numpy as np
 from jax.extend.core import Jaxpr, jaxpr_as_fun
 
 from .. import _compat
-from .._fold import _batch, _cost, _gc, _offload
+from .._fold import _batch, _cost, _gc, _host, _offload
 from . import _argnums
 from ._dispatch import Layout
 from ._info import PejitInfo
@@ -248,7 +248,7 @@ class Specialization:
         if self.on_host == 0:
             self.on_host = 1
             return False
-        self.consts = [jax.device_put(c) if isinstance(c, (np.ndarray, np.generic)) else c for c in self.consts]
+        self.consts = [_host.to_jax(c) for c in self.consts]
         self.call = functools.partial(self.program.run, *self.passed)
         self.on_host = None
         return True
