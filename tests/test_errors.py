@@ -512,6 +512,21 @@ def test_lowered_module_is_named_after_the_users_function(make):
     assert "module @jit_my_solver" in text and "@jit_run" not in text
 
 
+@pytest.mark.parametrize("make", [
+    lambda: pejit(my_solver, constant_argnums=0).lower(A2, X2),  # folds
+    lambda: pejit(my_solver, constant_argnums=1).lower(A2, X2),  # nothing to fold: jax.jit's program
+    lambda: pejit(A2, X2, constant_arg_nums=[0])(my_solver).lower(X2),
+], ids=["jit form", "nothing folded", "TFC form"])
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")  # the second folds nothing, on purpose
+def test_source_locations_are_the_users_frames_as_under_jax_jit(make):
+    # What XLA's op metadata and profiles show: the user's lines, not pejit's.
+    import pejit as package
+
+    text = make().as_text(debug_info=True)
+    assert f'"{__file__}":' in text, text
+    assert str(Path(package.__file__).parent) not in text, text
+
+
 def test_jax_errors_while_tracing_name_the_users_function_and_argument():
     def uses_y_in_python(a, y):
         return a if y.sum() > 0 else y

@@ -60,9 +60,10 @@ except ImportError:
     flattree = None
 
 try:  # traceback filtering, as jax.jit does it
-    from jax._src.traceback_util import api_boundary, register_exclusion
+    from jax._src.traceback_util import api_boundary
+    from jax._src.traceback_util import register_exclusion as hide_from_tracebacks
 except ImportError:  # pragma: no cover
-    api_boundary = register_exclusion = None
+    api_boundary = hide_from_tracebacks = None
 
 try:  # jax.checkpoint's primitive: public from JAX 0.8.2
     from jax.extend.core.primitives import remat_p
@@ -105,6 +106,7 @@ _REQUIRED = [
     (lu, "wrap_init", "wrapping the traced function"),
     (source_info_util, "current", "source information of staged equations"),
     (source_info_util, "reset_name_stack", "tracing like make_jaxpr"),
+    (source_info_util, "register_exclusion", "the user's frames, not pejit's, as the program's source locations"),
     (array, "ArrayImpl", "the hot path's type check"),
     (mlir, "_lowerings", "which primitives can be compiled"),
     (mlir, "_platform_specific_lowerings", "which primitives can be compiled"),

@@ -34,6 +34,11 @@ and the public API have no cheap or exact equivalent:
   not pejit's, exactly as ``jax.jit`` hides JAX's (and
   ``JAX_TRACEBACK_FILTERING=off`` turns both off). Without them (a JAX that
   moved them), tracebacks are whole.
+* ``source_info_util.register_exclusion``: the frames an equation records
+  (its source location in the lowered program, in XLA's op metadata and in
+  profiles) are the user's, as under ``jax.jit``, not pejit's, which would
+  otherwise add four to six frames to each (taking the places of the user's
+  under JAX's limit of ten).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import Any
 
 import jax
 
-from ._internals import api_boundary, api_util, array, config, core, register_exclusion, util
+from ._internals import api_boundary, api_util, array, config, core, hide_from_tracebacks, source_info_util, util
 from ._versions import missing
 
 ArrayImpl = array.ArrayImpl
@@ -82,8 +87,13 @@ if api_boundary is None:  # pragma: no cover - a JAX that moved them: tracebacks
     def api_boundary(fun, **_):
         return fun
 
-    def register_exclusion(path: str) -> None:
-        pass
+
+def register_exclusion(path: str) -> None:
+    """Treat the code under ``path`` as JAX treats its own: hidden from tracebacks
+    (where this JAX filters them) and from the source locations of equations."""
+    if hide_from_tracebacks is not None:
+        hide_from_tracebacks(path)
+    source_info_util.register_exclusion(path)
 
 
 #: Whether ``jax.stages.Traced`` can be called (evaluating its jaxpr): JAX 0.9 on.
