@@ -17,7 +17,7 @@ import pytest
 from pejit import FoldOptions, pe, pejit
 from pejit._calls import _beside
 from pejit._calls._cache import NO_MEMO
-from pejit._calls._program import AsGiven, FoldingProgram
+from pejit._calls._program import AsGiven, FoldingProgram, _holds_python
 from pejit._jit import call_path
 
 from ._util import Compiles, f32_products, primitive_names
@@ -362,3 +362,14 @@ def test_the_guard_runs_first_where_the_program_has_effects_or_donates():
     g(A, jnp.ones(64))
     g(A, jnp.ones(64))
     assert not _memo(g)[-3]
+
+
+def test_only_rules_and_callbacks_count_as_python_that_may_reach_a_tracer():
+    # Each program that holds one makes the look search the young heap for live
+    # tracers; a nested jax.jit records its mesh, callable only as a decorator.
+    nested = jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x) * 2)(1.0)
+    rule = jax.make_jaxpr(jax.nn.relu)(1.0)  # a custom_jvp
+    shape = jax.ShapeDtypeStruct((), jnp.float32)
+    callback = jax.make_jaxpr(lambda x: jax.pure_callback(np.sin, shape, x))(1.0)
+    assert not _holds_python(nested.jaxpr)
+    assert _holds_python(rule.jaxpr) and _holds_python(callback.jaxpr)

@@ -10,6 +10,7 @@ constants of one value.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -419,8 +420,15 @@ def _holds_python(jaxpr) -> bool:
     """Whether an equation of ``jaxpr`` (or of a sub-jaxpr) holds a Python function JAX may
     run later (a custom rule, a callback): only one can reach a tracer of an ended trace,
     and the search for live tracers scans the whole heap (10 ms of a small program's first call)."""
-    return any(any(callable(v) or hasattr(v, "call_wrapped") for v in eqn.params.values())  # (a WrappedFun)
-               for eqn in all_eqns(jaxpr))
+    return any(any(_runs_python(v) for v in eqn.params.values()) for eqn in all_eqns(jaxpr))
+
+
+def _runs_python(param: Any) -> bool:
+    """Whether an equation's parameter is Python that JAX may call: a function or a callable
+    object (a rule, a callback, a ``WrappedFun``), not a type nor a context decorator (the
+    mesh that every nested ``jax.jit`` records, callable only to decorate a function)."""
+    return hasattr(param, "call_wrapped") or (
+        callable(param) and not isinstance(param, (type, contextlib.ContextDecorator)))
 
 
 def _has_live_tracers(trace_ref: weakref.ref, young: bool = False) -> bool:
