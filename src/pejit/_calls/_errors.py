@@ -20,10 +20,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, Var
+from jax.extend.core import ClosedJaxpr, Var
 
 from .. import _compat
-from .._fold._primitives import CUSTOM_CALLS, subjaxprs
+from .._fold._primitives import CUSTOM_CALLS, all_eqns, subjaxprs
 
 
 class PejitWarning(UserWarning):
@@ -280,13 +280,7 @@ def _rules_read_constants(jaxpr, nconsts: int) -> bool:
 
 def _holds_constants(jaxpr) -> bool:
     """Whether a sub-jaxpr of ``jaxpr`` (a loop body, a branch, a call) closes over constants."""
-    for eqn in jaxpr.eqns:
-        for sub in subjaxprs(eqn.params):
-            if isinstance(sub, ClosedJaxpr) and (sub.consts or _holds_constants(sub.jaxpr)):
-                return True
-            if isinstance(sub, Jaxpr) and _holds_constants(sub):
-                return True
-    return False
+    return any(isinstance(sub, ClosedJaxpr) and sub.consts for eqn in all_eqns(jaxpr) for sub in subjaxprs(eqn.params))
 
 
 def skipped_folding(name: str, what: str) -> None:
