@@ -181,6 +181,11 @@ def worker(source: str, name: str, variant: str, quick: bool) -> dict:
     imported = time.perf_counter() - start
     fun, args, nums, library_jit = build(source, name, quick)
     jax.block_until_ready([a for a in jax.tree.leaves(args) if isinstance(a, jax.Array)])
+    # Building may have traced the program: the corpus checks each case with
+    # jax.eval_shape, whose trace jax.jit's first call would then reuse (0.3-2.5 ms
+    # of a corpus row, that pejit's trace of its own wrapper pays). Neither variant
+    # starts with anything traced, lowered or compiled.
+    jax.clear_caches()
     records.clear()
     start = time.perf_counter()
     if variant == "jax.jit":
