@@ -37,6 +37,7 @@ from typing import Any
 import jax
 
 from .. import _compat
+from .._fold import _gc
 from .._fold._staging import ClosedOverTracer, StagingTrace, specializing
 from . import _beside, _errors
 from ._cache import CacheInfo, Caches
@@ -296,7 +297,9 @@ class CallPath:
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(info, args, kwargs, layout)
         beside = (beside and info.jit and info.constant_shardings is None and not info.donate_nums
                   and not info.donate_names and _beside.possible())
-        with specializing():
+        # (the collector paused here, not by a wrapper of specialize: each frame on the
+        # stack while JAX traces the function costs every equation's traceback)
+        with _gc.paused(), specializing():
             spec = specialize(info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs,
                               beside=beside, rules_run=self._rules_run())
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
