@@ -391,5 +391,5 @@ def test_the_look_traces_the_function_under_few_of_pejits_frames():
 
     pejit(f, constant_argnums=0)(jnp.ones(3), jnp.ones(3))
     # the dispatch, route, uncached, the cache, _build, specialize, the look's trace and two
-    # wrappers of the function (11 before the collector's pause left its wrapper)
+    # wrappers of the function (11 with the collector's pausing wrapper and a closure around the trace)
     assert seen and seen[0] <= 9, seen
