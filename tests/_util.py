@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 
 import jax
@@ -115,3 +116,13 @@ class Compiles:
 def x64():
     """A context in which JAX computes in 64 bits (``jax.enable_x64``, public since 0.8)."""
     return (jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64)(True)
+
+
+def in_room() -> bool:
+    """Whether the caller runs inside pejit's room on the frame stack (pejit._fold._room)."""
+    from pejit._fold._room import with_room
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not with_room.__code__:
+        frame = frame.f_back
+    return frame is not None

@@ -14,7 +14,7 @@ from pejit._calls import _beside, _specializer
 from pejit._fold import _offload
 from pejit._jit import call_path
 
-from ._util import Counter, primitive_names, requires_jax, x64
+from ._util import Counter, in_room, primitive_names, requires_jax, x64
 
 two_cores = pytest.mark.skipif(_offload._cores() < 2, reason="one core: nothing runs beside the call")
 
@@ -316,3 +316,22 @@ def test_a_callback_closing_over_a_constant_is_never_run_by_jax_jits_program():
     want = with_rule(K, y, xq) + K[0, 0] * xq
     np.testing.assert_allclose(f(K, y, xq), want, rtol=1e-5)
     assert _entry(f).pending is None  # folded on the first call, the callback given the value
+
+
+@two_cores
+def test_the_fold_beside_traces_with_room_on_the_worker_frame_stack(monkeypatch):
+    # as a first call's trace is (see pejit._fold._room)
+    seen = []
+    trace_program = _specializer.trace_program
+
+    def noted(*args, **kwargs):
+        seen.append((threading.current_thread().name, in_room()))
+        return trace_program(*args, **kwargs)
+
+    monkeypatch.setattr(_specializer, "trace_program", noted)
+    f = pejit(predict, constant_argnums=(0, 1))
+    K, y, xq = _spd(1), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    f(K, y, xq)
+    f(K, y, xq)  # the second call's result starts the fold beside
+    f.specialize(K, y, xq)  # and the staged API waits for it
+    assert seen == [("pejit-beside_0", True)]

@@ -72,6 +72,7 @@ import jax
 
 from .. import _compat
 from .._fold import _gc, _offload
+from .._fold._room import with_room
 from .._fold._staging import specializing
 
 _log = logging.getLogger("pejit")
@@ -182,8 +183,8 @@ def _run(carried, name: str, job: _Job, pending: concurrent.futures.Future, out:
             _log.debug("pejit %s: the fold beside starts without the call's result (%s)", name, type(e).__name__)
         (fold, finish), job.work = job.work, None  # (the constants are the entry's to keep alive, not the job's)
         with carried(), _gc.paused(), specializing():
-            spec = fold()
-            finish(spec)
+            spec = with_room(fold)  # (a trace and a compile: see _fold._room)
+            with_room(finish, spec)
         del fold, finish
         for then in job.ready:
             then(spec)

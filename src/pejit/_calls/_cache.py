@@ -283,6 +283,9 @@ class SpecializationCache:
         return CacheInfo(self.counts.hits, self.counts.misses, self.maxsize, len(self.entries),
                          self.maxbytes, self.nbytes)
 
+    def __contains__(self, key: Any) -> bool:
+        return key in self.entries
+
     def __len__(self) -> int:
         return len(self.entries)
 

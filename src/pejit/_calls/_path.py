@@ -38,6 +38,7 @@ import jax
 
 from .. import _compat
 from .._fold import _gc
+from .._fold._room import with_room
 from .._fold._staging import ClosedOverTracer, StagingTrace, specializing
 from . import _beside, _errors
 from ._cache import CacheInfo, Caches
@@ -139,6 +140,14 @@ class CallPath:
                 self._served(args, kwargs, layout, key, spec, out)
                 return out
         key = CallKey(constants, types_key(layout.dyn, args, dyn_kwargs), axes)
+        if key in cache:
+            return self._specialized(key, args, kwargs, layout, dyn_args, dyn_kwargs)
+        # a new specialization: its trace, fold and first compile, with room (see _fold._room)
+        return with_room(self._specialized, key, args, kwargs, layout, dyn_args, dyn_kwargs)
+
+    def _specialized(self, key: CallKey, args: tuple, kwargs: dict, layout: Layout, dyn_args: tuple,
+                     dyn_kwargs: dict):
+        """A call through the specialization of ``key`` (built if missing)."""
         try:
             spec = self.caches.specialization(key, self._build, args, kwargs, layout)
         except ClosedOverTracer:
@@ -272,12 +281,13 @@ class CallPath:
         _, dyn_kwargs = self._dynamic(args, kwargs, layout)
         key = CallKey(constants_key(layout.const, self.info.fixed_names, args, kwargs),
                       types_key(layout.dyn, args, dyn_kwargs), _compat.axis_env_key())
-        spec = self.caches.specialization(key, self._build, args, kwargs, layout)
+        # (a new specialization's trace, with room: see _fold._room)
+        spec = self.caches.specialization(key, with_room, self._build, args, kwargs, layout)
         if spec.pending is not None:  # the folded program, not the one serving while it folds
             folded = _beside.settled(spec)
             if folded is None:  # given up or failed: fold here, as without FoldOptions.beside
                 self.caches.specializations.discard(key, spec)
-                folded = self.caches.specialization(key, self._build, args, kwargs, layout, False)
+                folded = self.caches.specialization(key, with_room, self._build, args, kwargs, layout, False)
             spec = folded
         return spec, layout
 
@@ -297,8 +307,6 @@ class CallPath:
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(info, args, kwargs, layout)
         beside = (beside and info.jit and info.constant_shardings is None and not info.donate_nums
                   and not info.donate_names and _beside.possible())
-        # (the collector paused here, not by a wrapper of specialize: each frame on the
-        # stack while JAX traces the function costs every equation's traceback)
         with _gc.paused(), specializing():
             spec = specialize(info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs,
                               beside=beside, rules_run=self._rules_run())

@@ -89,9 +89,8 @@ def specialize(
     nargs = len(layout.const) + len(layout.dyn)
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
 
-    # The arguments of the look's trace (as jax.jit traces the function, the constant
-    # arrays abstract), called from here rather than from a closure: each frame on the
-    # stack while JAX traces costs every equation's traceback.
+    # The arguments of the look's trace: as jax.jit traces the function, the constant
+    # arrays abstract.
     def to_trace() -> tuple:
         return (functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree, avals,
                 jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
