@@ -46,4 +46,3 @@ _code = _call.__code__
 with_room: Callable[..., Any] = types.FunctionType(
     _code.replace(co_stacksize=_code.co_stacksize + ROOM_SLOTS), _call.__globals__, "with_room")
 with_room.__doc__ = "``fun(*args, **kwargs)``, called with room on the frame stack (see the module docstring)."
-
