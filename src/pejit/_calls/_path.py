@@ -37,7 +37,6 @@ from typing import Any
 import jax
 
 from .. import _compat
-from .._fold import _gc
 from .._fold._room import with_room
 from .._fold._staging import ClosedOverTracer, StagingTrace, specializing
 from . import _beside, _errors
@@ -307,7 +306,7 @@ class CallPath:
         const_pos, const_kw, dyn_args, dyn_kwargs = split_call(info, args, kwargs, layout)
         beside = (beside and info.jit and info.constant_shardings is None and not info.donate_nums
                   and not info.donate_names and _beside.possible())
-        with _gc.paused(), specializing():
+        with specializing():
             spec = specialize(info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs,
                               beside=beside, rules_run=self._rules_run())
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))

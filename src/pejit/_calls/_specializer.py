@@ -44,6 +44,7 @@ _tree_flatten = jax.tree_util.tree_flatten
 _tree_unflatten = jax.tree_util.tree_unflatten
 
 
+@_gc.pausing
 def specialize(
     info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
     persist: bool = True, beside: bool = False, rules_run: bool = True,
@@ -61,9 +62,7 @@ def specialize(
     derivative's own program). Where it never does, ``jax.jit``'s program of a
     structure folded per value because its rules close over constants
     (:attr:`~pejit._calls._program.PerValue.serves`) serves where the fold does not
-    pay, and serves the first calls where the fold runs beside them.
-
-    The caller pauses the collector (:func:`pejit._fold._gc.paused`) around it."""
+    pay, and serves the first calls where the fold runs beside them."""
     dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
     avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
     const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
@@ -89,15 +88,13 @@ def specialize(
     nargs = len(layout.const) + len(layout.dyn)
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
 
-    # The arguments of the look's trace: as jax.jit traces the function, the constant
-    # arrays abstract.
-    def to_trace() -> tuple:
-        return (functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree, avals,
-                jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
-                runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
+    def trace() -> _look.Traced | PerValue:  # as jax.jit traces it, the constant arrays abstract
+        return _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree, avals,
+                           jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
+                           runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
 
     if info.one_value:  # folded now, as asked (the TFC form; auto's promotions, decided by their estimate)
-        traced = _look.trace(*to_trace())
+        traced = trace()
         return per_value(None) if isinstance(traced, PerValue) else replayed_per_value(info, layout, traced, arrays,
                                                                                        in_tree, avals)
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
@@ -111,7 +108,7 @@ def specialize(
     if program is None:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
-            traced = _look.trace(*to_trace())
+            traced = trace()
             per_values = isinstance(traced, PerValue)
             # jax.jit's program of one folded per value, where it can serve: the look
             # decides whether the fold pays, and whether it runs beside the call
