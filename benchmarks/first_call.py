@@ -15,9 +15,13 @@ loops, the MJX rollout where installed), the libraries' cases of
 user would (a tinygp regression, a tinygp conditioned GP, an ott-jax Sinkhorn
 solve, a jax-md rollout), each where its library is installed.
 
-Run: ``python benchmarks/first_call.py [--quick] [--rounds 3] [--only SUBSTRING] [--out FILE]``
+Run: ``python benchmarks/first_call.py [--quick] [--rounds 3] [--control] [--only SUBSTRING] [--out FILE]``
 (``--quick``: every fifth corpus program). Prints a table (pejit over ``jax.jit``
 per program, trace / fold / compile of each) and the median and worst ratio.
+``--control`` adds a third variant to every round, ``jax.jit`` again in a process
+of its own: its ratio to the first is what this machine's noise alone gives a
+row (the rows of 10-60 ms move by up to 50% from run to run), so the table's
+median and worst ratio come with the same figures for two runs of one program.
 ``import pejit`` is paid once a process, before the clock starts, as ``import jax``
 is; the table gives its time apart.
 """
@@ -188,7 +192,7 @@ def worker(source: str, name: str, variant: str, quick: bool) -> dict:
     jax.clear_caches()
     records.clear()
     start = time.perf_counter()
-    if variant == "jax.jit":
+    if variant in ("jax.jit", CONTROL):
         out = (library_jit or jax.jit)(fun)(*args)
     else:
         out = pejit(fun, constant_argnums=nums)(*args)
@@ -216,12 +220,21 @@ def _run_worker(source: str, name: str, variant: str, quick: bool) -> dict | Non
 
 
 VARIANTS = ("jax.jit", "pejit")
+CONTROL = "jax.jit again"  # --control: the first variant again, for the noise alone
+
+
+def _summary(label: str, rows: list[tuple[str, float]]) -> str:
+    ratios = [r for _, r in rows]
+    name, worst = max(rows, key=lambda row: row[1])
+    return (f"{label}median {statistics.median(ratios):.2f}, worst {worst:.2f} ({name}), "
+            f"over 1.1: {sum(r > 1.1 for r in ratios)} of {len(ratios)}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--control", action="store_true", help="each round runs jax.jit twice (the noise alone)")
     parser.add_argument("--only", default="", help="programs whose name contains this")
     parser.add_argument("--out", default=None, help="write the table here too (markdown)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -230,42 +243,46 @@ def main(argv=None) -> int:
         print(json.dumps(worker(*json.loads(args.worker))), flush=True)
         return 0
     names = [(source, name) for source, found in sources(args.quick).items() for name in found if args.only in name]
+    variants = VARIANTS + ((CONTROL,) if args.control else ())
     rows = []
     for source, name in names:
         best: dict[str, dict] = {}
-        for r in range(args.rounds):
-            for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+        for r in range(args.rounds):  # each variant first in turn
+            for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
                 got = _run_worker(source, name, variant, args.quick)
                 if got is not None and (variant not in best or got["total"] < best[variant]["total"]):
                     best[variant] = got
-        if len(best) < 2:
+        if len(best) < len(variants):
             continue
-        ratio = best["pejit"]["total"] / best["jax.jit"]["total"]
-        rows.append((name, best, ratio))
+        rows.append((name, best))
         j, p = best["jax.jit"], best["pejit"]
-        print(f"{name}: jax.jit {j['total']:.3f} s, pejit {p['total']:.3f} s, ratio {ratio:.2f} "
-              f"(pejit look {p['look']:.3f} fold {p['fold']:.3f} compile {p['compile']:.3f}; "
-              f"jax.jit trace {j['trace']:.3f} compile {j['compile']:.3f})", flush=True)
+        again = f", jax.jit again {best[CONTROL]['total']:.3f} s" if args.control else ""
+        print(f"{name}: jax.jit {j['total']:.3f} s, pejit {p['total']:.3f} s{again}, ratio "
+              f"{p['total'] / j['total']:.2f} (pejit look {p['look']:.3f} fold {p['fold']:.3f} compile "
+              f"{p['compile']:.3f}; jax.jit trace {j['trace']:.3f} compile {j['compile']:.3f})", flush=True)
     import jax
 
+    control = " | jax.jit again / jax.jit" if args.control else ""
     lines = [f"jax {jax.__version__}, {jax.devices()[0].platform}; {len(rows)} programs; first call (from making the "
              f"function to its first result), each variant in a fresh process, minimum of {args.rounds} alternating "
              "rounds; seconds", "",
-             "| program | jax.jit | trace | lower | compile | pejit | look | fold | compile | pejit / jax.jit |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    imports = [best["pejit"].get("import", 0.0) for _, best, _ in rows]
-    for name, best, ratio in rows:
+             f"| program | jax.jit | trace | lower | compile | pejit | look | fold | compile | pejit / jax.jit{control} |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * bool(control)]
+    imports = [best["pejit"].get("import", 0.0) for _, best in rows]
+    for name, best in rows:
         j, p = best["jax.jit"], best["pejit"]
+        again = f" {best[CONTROL]['total'] / j['total']:.2f} |" if args.control else ""
         lines.append(f"| {name} | {j['total']:.3f} | {j['trace']:.3f} | {j['lower']:.3f} | {j['compile']:.3f} | "
-                     f"{p['total']:.3f} | {p['look']:.3f} | {p['fold']:.3f} | {p['compile']:.3f} | {ratio:.2f} |")
+                     f"{p['total']:.3f} | {p['look']:.3f} | {p['fold']:.3f} | {p['compile']:.3f} | "
+                     f"{p['total'] / j['total']:.2f} |{again}")
     if rows:
-        ratios = [r for _, _, r in rows]
-        worst = max(rows, key=lambda row: row[2])
-        lines += ["", f"median {statistics.median(ratios):.2f}, worst {worst[2]:.2f} ({worst[0]}), "
-                      f"over 1.1: {sum(r > 1.1 for r in ratios)} of {len(ratios)}",
-                  "", f"`import pejit` (once a process, before the clock starts, as `import jax`): "
+        lines += ["", _summary("", [(name, best["pejit"]["total"] / best["jax.jit"]["total"]) for name, best in rows])]
+        if args.control:
+            lines += ["", _summary("control (jax.jit again / jax.jit): ",
+                                   [(name, best[CONTROL]["total"] / best["jax.jit"]["total"]) for name, best in rows])]
+        lines += ["", f"`import pejit` (once a process, before the clock starts, as `import jax`): "
                       f"{min(imports):.3f}-{max(imports):.3f} s"]
-    print("\n".join(lines[-3:]))
+    print("\n".join(lines[-5:]))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0
