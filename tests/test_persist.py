@@ -339,7 +339,8 @@ def test_constants_of_ml_dtypes_round_trip(tmp_path, dtype):
     def fun(W, x):
         return (W + W) * x
 
-    W = np.arange(-2, 2, dtype=np.float32).reshape(2, 2).astype(dtype)
+    low = 0 if jnp.issubdtype(dtype, jnp.unsignedinteger) else -2  # (no negative uint4)
+    W = np.arange(low, low + 4, dtype=np.float32).reshape(2, 2).astype(dtype)
     x = np.ones(2, dtype)
     want = np.asarray(jax.jit(fun)(W, x))
     options = FoldOptions(cache_dir=str(tmp_path))
