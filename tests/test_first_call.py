@@ -406,3 +406,25 @@ def test_a_call_that_finds_its_specialization_makes_no_room(monkeypatch):
     for _ in range(3):  # the constant by keyword: no memo, each call looks its key up
         np.testing.assert_allclose(f(x, a=a), jnp.sin(a) * x)
     assert len(made) == 1
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_a_first_call_builds_no_jax_jit_of_the_function_and_no_report(monkeypatch):
+    # jax.jit of the user's function only stages constants given without values, and a
+    # report is built when asked for: a first call pays for neither (a tenth of a millisecond each)
+    from pejit._reports._report import FoldReport
+
+    jitted, reports = [], []
+    real_jit, real_build = jax.jit, FoldReport.build.__func__
+    monkeypatch.setattr(jax, "jit", lambda fun, **kw: jitted.append(fun) or real_jit(fun, **kw))
+    monkeypatch.setattr(FoldReport, "build", classmethod(lambda cls, *a, **k: reports.append(1) or real_build(cls, *a, **k)))
+    f = pejit(little, constant_argnums=0, fold_options=FoldOptions(beside=False))
+    a, x = jnp.asarray(rng.standard_normal((16, 16)), jnp.float32), jnp.ones(256)
+    with f32_products():
+        np.testing.assert_allclose(f(a, x), real_jit(little)(a, x), rtol=1e-6, atol=1e-6)
+    assert little not in jitted and not reports
+    assert f.report(a, x).unfolded and reports  # built when asked
+    shapes = f.eval_shape(jax.ShapeDtypeStruct(a.shape, a.dtype), x)  # constants without values: jax.jit's staging
+    assert jitted.count(little) == 1 and shapes.shape == (256,)
+    with pytest.raises(ValueError, match="donate_argnums"):  # jax.jit's own options are still checked at once
+        pejit(little, constant_argnums=0, donate_argnums=-5)

@@ -251,11 +251,10 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     program = spec.program
     if program.rules_close_over_constants or _rules_read_constants(program.jaxpr, program.nconsts):
         return  # a derivative may fold their work
-    report = spec.report
-    if (report.folded_eqns or report.rematerialized or report.effects_kept or report.eliminated_branches
-            or report.unfolded):  # work on the constants, kept where folding it does not pay: the report says so
-        return
-    if not report.residual_eqns:
+    stats = program.stats  # read before the report, which a first call need not build
+    if stats.folded or stats.effects_kept or stats.eliminated_branches or stats.unfolded:
+        return  # work on the constants, kept where folding it does not pay: the report says so
+    if not program.jaxpr.eqns or spec.report.rematerialized:
         return
     warned.add("nothing")
     warn(

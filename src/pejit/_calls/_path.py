@@ -61,17 +61,25 @@ def make_path(fun: Callable, options: Mapping[str, Any], *, quiet: tuple[str, ..
               publish: Callable[[Callable], None] | None = None) -> CallPath | JitPath:
     """The call path of ``pejit(fun, **options)`` (of ``pe`` with ``jit=False``), every option checked.
 
-    ``jax.jit`` of ``fun`` is built first: its errors for the function and
-    for its own options are the ones the user sees. Without constant
-    arguments it is the call (:class:`~pejit._calls._passthrough.JitPath`).
+    ``jax.jit`` checks its own options as it is built: where any are given,
+    ``jax.jit`` of ``fun`` is built first, so that its errors for them are the
+    ones the user sees (for the function itself, pejit raises the same).
+    Without constant arguments it is the call
+    (:class:`~pejit._calls._passthrough.JitPath`); with them, it only stages
+    constants given without values, and is built when first asked for
+    (:meth:`CallPath.staged`): most functions never are, and building it is
+    a tenth of a millisecond of their first call.
     ``quiet``: :data:`HINTS` not to give (where a report says them instead).
     ``publish(dispatch)``: told when the path's ``dispatch`` changes, for an
     owner that holds it (a call then costs one attribute lookup, not two).
     """
-    jitted = _jax_jit(fun, options) if options.get("jit", True) else None
+    jit = options.get("jit", True)
+    constants = bool(options.get("constant_argnums") or options.get("constant_argnames"))
+    jit_kwargs = jit_options(options)
+    jitted = _jax_jit(fun, jit_kwargs, constants) if jit and jit_kwargs else None
     info = parse_pejit_arguments(fun, **options)
-    if jitted is not None and not info.constants:
-        return JitPath(info, jitted)  # its dispatch never changes
+    if jit and not info.constants:
+        return JitPath(info, jitted or _jax_jit(fun, {}, False))  # its dispatch never changes
     return CallPath(info, jitted, quiet=quiet, publish=publish)
 
 
@@ -90,7 +98,7 @@ class CallPath:
                  of_derivative: bool = False, publish: Callable[[Callable], None] | None = None):
         self.info = info
         self.caches = Caches(info.cache_size, info.cache_bytes)
-        self._jitted = jitted  # jax.jit of the function: staging for constants given without values
+        self._jitted = jitted  # jax.jit of the function, for constants given without values: see staged
         self._layouts: dict[int, Layout] = {}
         self._lock = threading.RLock()  # the layouts, the warning, the derivative
         self._warned = False
@@ -185,9 +193,7 @@ class CallPath:
                 jvp = jvp_of(self.info.fun)
                 options = {"constant_argnums": 0, "jit": self.info.jit, "fold_options": self.info.fold_options}
                 # the hints are about the user's function (given there), not its derivative
-                self._jvp = CallPath(parse_pejit_arguments(jvp, **options),
-                                     _jax_jit(jvp, options) if self.info.jit else None,
-                                     quiet=HINTS, of_derivative=True)
+                self._jvp = CallPath(parse_pejit_arguments(jvp, **options), None, quiet=HINTS, of_derivative=True)
             return self._jvp
 
     def _served(self, args: tuple, kwargs: dict, layout: Layout, key: CallKey, spec: Specialization,
@@ -356,6 +362,14 @@ class CallPath:
     # A constant given as a type alone (a ``jax.ShapeDtypeStruct``, as
     # ``jax.export`` is usually called, or a tracer) has no value to fold:
     # staging is then ``jax.jit``'s, whose program is right for every value.
+    def staged(self) -> Callable:
+        """``jax.jit`` of the function, which stages a call whose constants are given
+        without values (see :func:`make_path`); built on first use."""
+        with self._lock:
+            if self._jitted is None:
+                self._jitted = _jax_jit(self.info.fun, self.info.jit_options, True)
+            return self._jitted
+
     def specialize(self, args: tuple, kwargs: dict) -> Specialization:
         """The specialization a call selects (folding if needed)."""
         return self._lookup(args, kwargs)[0]
@@ -369,7 +383,7 @@ class CallPath:
         """
         self.require_jit("lower")
         if self._abstract(args, kwargs):
-            return self._jitted.lower(*args, **kwargs)
+            return self.staged().lower(*args, **kwargs)
         spec, layout = self._lookup(args, kwargs)
         dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
         lowered = spec.run.lower(*spec.passed, *dyn_args, **dyn_kwargs)
@@ -379,7 +393,7 @@ class CallPath:
         """The function traced for a call: the residual of its specialization, in the function's signature."""
         self.require_jit("trace")
         if self._abstract(args, kwargs):
-            return self._jitted.trace(*args, **kwargs)
+            return self.staged().trace(*args, **kwargs)
         spec, layout = self._lookup(args, kwargs)
         targs, tkwargs = self._unused(args, kwargs, layout)
         traced = self._residual_jit(spec, layout).trace(*targs, **tkwargs)
@@ -387,8 +401,8 @@ class CallPath:
 
     def eval_shape(self, args: tuple, kwargs: dict):
         """Output shapes and dtypes of a call, as ``jax.eval_shape`` gives them."""
-        if self._jitted is not None and self._abstract(args, kwargs):
-            return self._jitted.eval_shape(*args, **kwargs)
+        if self.info.jit and self._abstract(args, kwargs):
+            return self.staged().eval_shape(*args, **kwargs)
         spec = self.specialize(args, kwargs)
         outs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
                 for v in spec.program.jaxpr.outvars]
@@ -494,21 +508,21 @@ class CallPath:
             return f"<{kind} function>"
 
 
-def _jax_jit(fun: Callable, options: Mapping[str, Any]) -> Callable:
-    """``jax.jit`` of ``fun`` with its own options among ``options``.
+def _jax_jit(fun: Callable, jit_kwargs: Mapping[str, Any], constants: bool) -> Callable:
+    """``jax.jit(fun, **jit_kwargs)``.
 
-    With constant arguments it only checks the options; then a function that
-    cannot be weakly referenced is wrapped in a ``functools.partial``, as
-    jaxlib (0.10 to 0.12 at least) may crash when a ``jax.jit`` object of
+    With ``constants`` it checks the options and stages; then a function
+    that cannot be weakly referenced is wrapped in a ``functools.partial``,
+    as jaxlib (0.10 to 0.12 at least) may crash when a ``jax.jit`` object of
     such a function is freed. Without constants it is the call, ``jax.jit``'s
     own (which rejects such a function when called).
     """
-    if callable(fun) and (options.get("constant_argnums") or options.get("constant_argnames")):
+    if constants and callable(fun):
         try:
             weakref.ref(fun)
         except TypeError:
             fun = functools.partial(fun)
-    return jax.jit(fun, **jit_options(options))
+    return jax.jit(fun, **jit_kwargs)
 
 
 def _export_error(name: str) -> str:
