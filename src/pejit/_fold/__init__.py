@@ -24,8 +24,9 @@ gives XLA's bits, ``_host``; else by JAX, or staged into a folding program
 of abstract constants, ``_abstract``), or as programs, unrolled loops
 rolled again, by ``_compiled``; opaque kernels run on a worker thread
 (``_offload``); far reads of constant-only values are computed again
-(``_refold``), or held while the heap is trimmed (``_trim``); results are
-kept compact (``_values``). Beside them: ``_primitives`` (the tables of
+(``_refold``), or held while the heap is trimmed (``_trim``); large host
+results reuse the memory of dead ones (``_recycle``); results are kept
+compact (``_values``). Beside them: ``_primitives`` (the tables of
 primitives by kind), ``_progress``, ``_gc``, ``_room`` (room on CPython's
 frame stack for a trace), ``_multihost`` and ``_libc`` (the C library's
 functions: the trimmer's, and the call path's ``memcmp``).

@@ -10,7 +10,8 @@ segments. What the back ends share is a :class:`BatchRun`: the values
 computed so far, each freed after its last read; the kernels handed to the
 worker (:mod:`pejit._fold._offload`); the values of constants alone that are
 dropped and computed again at a far read (:mod:`pejit._fold._refold`), with
-the heap trimmed while they are held (:mod:`pejit._fold._trim`); and the
+the heap trimmed while they are held (:mod:`pejit._fold._trim`); the memory
+of large host results, used again (:mod:`pejit._fold._recycle`); and the
 progress bar.
 
 :func:`run_jaxpr` runs a whole jaxpr as one batch (a folding program's
@@ -30,7 +31,7 @@ import numpy as np
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from .. import _compat
-from . import _abstract, _compiled, _host, _offload, _refold, _trim
+from . import _abstract, _compiled, _host, _offload, _recycle, _refold, _trim
 from ._plan import Segment, plan_batch
 from ._primitives import is_var
 from ._recipe import Recipe
@@ -197,7 +198,7 @@ def run_batch(
     """
     batch = BatchRun(segments, env, outputs, keep, tick, compact, kernels, loops)
     del env  # values handed over (see pejit._fold._store) are held by the batch alone, each to its last read
-    with _compat.evaluating():
+    with _compat.evaluating(), _recycle.recycling():
         for seg in segments:
             start = time.perf_counter()
             compiling = BACKENDS[seg.backend](seg, batch)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -44,7 +45,7 @@ import jax
 import numpy as np
 
 from .. import _compat
-from . import _device
+from . import _device, _recycle
 from ._primitives import CALLS, call_body
 from ._values import byte_view
 
@@ -75,9 +76,23 @@ def elementwise(ufunc: Callable) -> Callable:
         if spread:
             one = tuple(slice(0, 1) if d in spread else slice(None) for d in range(len(shape)))
             return np.broadcast_to(ufunc(*(x if x.ndim == 0 else x[one] for x in xs)), shape)
-        return ufunc(*xs)
+        order = _layout(xs, shape) if _recycle.recycles(math.prod(shape) * max(x.itemsize for x in xs)) else None
+        if order is None:
+            return ufunc(*xs)
+        return ufunc(*xs, out=_recycle.empty(shape, ufunc.resolve_dtypes((*(x.dtype for x in xs), None))[-1], order))
 
     return rule
+
+
+def _layout(xs: Sequence[np.ndarray], shape: tuple[int, ...]) -> str | None:
+    """The memory order NumPy gives an elementwise result of ``xs`` (its ``"K"``),
+    where it is one of C's or Fortran's: Fortran's where each operand read
+    whole is in Fortran's order alone (``jacfwd``'s tangents, transposed),
+    C's where each is in C's; None otherwise."""
+    whole = [x for x in xs if x.shape == shape and all(x.strides)]
+    if whole and all(x.flags.f_contiguous and not x.flags.c_contiguous for x in whole):
+        return "F"
+    return "C" if all(x.flags.c_contiguous for x in whole) else None
 
 
 def _uniform(x: np.ndarray) -> bool:
@@ -425,7 +440,7 @@ def _owned(x) -> np.ndarray:
     last use and defeat the fold's liveness; a broadcast stays one (it holds
     only its small source)."""
     x = np.asarray(x)
-    if x.base is None or 0 in x.strides or _whole(x):
+    if _recycle.owns(x) or 0 in x.strides or _whole(x):
         return x
     return np.array(x, order="C")
 
@@ -434,12 +449,14 @@ def _whole(x: np.ndarray) -> bool:
     """Whether the view ``x`` spans all of the NumPy array it views (a
     transpose, a reshape): it keeps nothing alive but itself."""
     owner = root(x)
-    return owner is not x and owner.base is None and owner.nbytes == x.nbytes
+    return owner is not x and _recycle.owns(owner) and owner.nbytes == x.nbytes
 
 
 def root(x: np.ndarray) -> np.ndarray:
-    """The NumPy array that ``x`` views, through views of views (``x`` if it views none)."""
-    while isinstance(x.base, np.ndarray):
+    """The NumPy array that ``x`` views, through views of views (``x`` if it views
+    none): an array in recycled memory (see :mod:`pejit._fold._recycle`) is its own,
+    so what is remembered of it dies with it."""
+    while isinstance(x.base, np.ndarray) and not _recycle.owns(x):
         x = x.base
     return x
 
