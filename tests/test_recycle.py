@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,3 +122,19 @@ def test_a_fold_of_large_host_sums_reuses_their_memory(monkeypatch):
     got = g(A, x)
     np.testing.assert_allclose(got, jax.jit(f)(A, x), rtol=1e-5, atol=1e-3)
     assert len(taken) >= 16 and len(set(taken)) <= len(taken) // 2  # most written into dead ones' memory
+
+
+def test_a_result_that_dies_while_its_pool_is_busy_on_the_same_thread_goes_back():
+    """A collection that an allocation inside the pool starts can end a result's
+    life there (a result in a reference cycle): its memory comes back, no deadlock."""
+    pool = _recycle._Pool()
+    raw = np.empty(_recycle.MIN_BYTES, np.uint8)
+
+    def nested():
+        with pool._lock:
+            pool.give_back(raw)
+
+    thread = threading.Thread(target=nested, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and pool.take(raw.nbytes) is raw

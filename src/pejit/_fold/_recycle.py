@@ -66,7 +66,9 @@ class _Pool:
     def __init__(self):
         self._free: dict[int, list[np.ndarray]] = {}
         self._bytes = 0
-        self._lock = threading.Lock()  # a result may die on the worker's thread
+        # a result may die on the worker's thread, or in a collection that
+        # an allocation here starts: reentrant
+        self._lock = threading.RLock()
         self.open = True
 
     def take(self, nbytes: int) -> np.ndarray:
