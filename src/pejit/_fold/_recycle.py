@@ -6,11 +6,13 @@ glibc hands large freed blocks back to the system (the top of its heap, a
 trim: see :mod:`pejit._fold._trim`), and the next array placed there is
 faulted in and zeroed again, page by page. At 15^3 points and 1000
 functions, TFC's WaveEquation2D's fold writes 22 GB of such results, and
-its folding thread spent about a third of its time in the kernel zeroing
-pages (``perf``: ``clear_page_erms`` under NumPy's ``add``, ``multiply``
-and ``subtract``). Here a result's memory returns to the batch when no
-array views it any more, and the next result of the same size is written
-into it: memory already in the process, no page faulted again.
+its folding thread spent about two fifths of its time in the kernel
+zeroing pages (``perf``: ``clear_page_erms`` under NumPy's ``add``,
+``multiply`` and ``subtract``); there a new 27 MB array took 2.5 ms to
+write or, by chance, up to 200. Here a result's memory returns to the
+batch when no array views it any more, and the next result of the same
+size is written into it: memory already in the process, no page faulted
+again.
 
 Only while a batch runs on this thread (:func:`recycling`), only results of
 :data:`MIN_BYTES` or more, and at most :data:`KEEP_BYTES` waiting free at
@@ -42,7 +44,7 @@ import numpy as np
 #: Results smaller than this are allocated as usual: ``malloc``'s heap reuses
 #: such blocks well enough, and memory held here is memory it cannot reuse
 #: for other arrays (at 11^3 points, WaveEquation2D's 7 MB results were a
-#: little slower recycled; at 15^3 its 27 MB ones are 0.7-1.3 s faster).
+#: little slower recycled; at 15^3 its 27 MB ones made the fold 0.7-1.5 s faster).
 MIN_BYTES = 16 * 2**20
 #: Free bytes a batch keeps for its next results: what is freed beyond that
 #: goes back to ``malloc`` (a large PDE's fold frees and writes tens of MiB
