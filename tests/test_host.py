@@ -353,3 +353,17 @@ def test_the_checks_are_remembered_in_a_fold():
         out = pejit(g, constant_argnums=0, fold_options=FoldOptions(backend="eager"))(A, x)
     np.testing.assert_allclose(out, sum(A * k for k in range(1, 5)), rtol=1e-6)
     assert seen == [(200, 200)]
+
+
+def test_a_jax_array_a_rule_returns_whole_is_not_copied_a_part_is():
+    """A rule that returns an operand (a sum with zeros) returns a ``jax.Array``'s
+    bytes as NumPy views them, all of them: nothing more is kept alive, so nothing
+    is copied (at 15^3 points, TFC's PDE copied nine 27 MB tangents so)."""
+    x = jnp.asarray(rng.standard_normal((64, 300)).astype(np.float32))
+    zeros = np.zeros((64, 300), np.float32)
+    same = _host.on_host(add_jaxvals_p, [x, zeros], {})
+    np.testing.assert_array_equal(same, x)
+    assert np.shares_memory(same, np.asarray(x))
+    t = _host.on_host(lax.transpose_p, [x], {"permutation": (1, 0)})
+    part = _host.on_host(lax.slice_p, [x], {"start_indices": (0, 0), "limit_indices": (32, 300), "strides": None})
+    assert np.shares_memory(t, np.asarray(x)) and not np.shares_memory(part, np.asarray(x))

@@ -440,7 +440,7 @@ def _owned(x) -> np.ndarray:
     last use and defeat the fold's liveness; a broadcast stays one (it holds
     only its small source)."""
     x = np.asarray(x)
-    if _recycle.owns(x) or 0 in x.strides or _whole(x):
+    if _holds_its_memory(x) or 0 in x.strides or _whole(x):
         return x
     return np.array(x, order="C")
 
@@ -449,7 +449,15 @@ def _whole(x: np.ndarray) -> bool:
     """Whether the view ``x`` spans all of the NumPy array it views (a
     transpose, a reshape): it keeps nothing alive but itself."""
     owner = root(x)
-    return owner is not x and _recycle.owns(owner) and owner.nbytes == x.nbytes
+    return owner is not x and _holds_its_memory(owner) and owner.nbytes == x.nbytes
+
+
+def _holds_its_memory(x: np.ndarray) -> bool:
+    """Whether ``x`` keeps alive no memory but its own: it views no other NumPy array
+    (its own memory, recycled memory), or all of another object's buffer
+    (``np.asarray`` of a ``jax.Array``, which XLA computed on the host)."""
+    base = x.base
+    return _recycle.owns(x) or (isinstance(base, memoryview) and base.nbytes == x.nbytes)
 
 
 def root(x: np.ndarray) -> np.ndarray:
