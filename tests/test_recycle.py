@@ -61,7 +61,6 @@ def test_nothing_is_recycled_outside_a_batch_nor_after_it():
         assert _recycle._pool.get()._free  # c's memory, waiting for the outer batch's next result
 
 
-
 def test_a_jax_array_made_of_a_result_keeps_its_values():
     """``jax.device_put`` may alias a NumPy array on a CPU (zero copy): it then
     holds the array, so its memory does not come back while the ``jax.Array`` lives."""
@@ -73,6 +72,7 @@ def test_a_jax_array_made_of_a_result_keeps_its_values():
         b = _recycle.empty(SHAPE, F64, "C")
         b[...] = -7.0
         assert float(jnp.min(put)) == float(jnp.max(put)) == float(jnp.max(t)) == 1.5
+
 
 @pytest.mark.parametrize("ufunc, layouts", [
     (np.add, ("F", "F")), (np.subtract, ("C", "C")), (np.add, ("C", "F")), (np.multiply, ("row", "F")),

@@ -120,10 +120,10 @@ def recycles(nbytes: int) -> bool:
 
 def empty(shape: tuple[int, ...], dtype: np.dtype, order: str) -> np.ndarray:
     """An uninitialized array for a result, in recycled memory where it can be."""
-    pool = _pool.get()
     nbytes = math.prod(shape) * dtype.itemsize
-    if pool is None or nbytes < MIN_BYTES:
+    if not recycles(nbytes):
         return np.empty(shape, dtype, order=order)
+    pool = _pool.get()
     raw = pool.take(nbytes)
     out = raw.view(Memory).view(dtype).reshape(shape, order=order).view(np.ndarray)
     weakref.finalize(out, pool.give_back, raw).atexit = False
