@@ -53,6 +53,8 @@ CASES = {
     "iota": (lambda: lax.broadcasted_iota(np.int32, (3, 4), 1), ()),
     "dynamic_slice": (lambda x, i: lax.dynamic_slice(x, (i, np.int32(1)), (2, 3)), (F, np.int32(2))),  # clamped
     "split": (lambda x: jnp.split(x, [1, 3], axis=1), (F,)),
+    "stack": (lambda a, b: jnp.stack([a, b], axis=1), (F, G)),  # jnp.stack's own primitive where JAX has one
+    **({"unstack": (lambda x: lax.unstack(x, axis=1), (F,))} if hasattr(lax, "unstack") else {}),
     "add_any": (lambda x, y: jax.jvp(lambda a: a * y, (x,), (x,))[1], (F, G)),
     "dot_general identity": (lambda x, e: lax.dot_general(x, e, (((0,), (1,)), ((), ()))), (F, np.eye(3, dtype=F.dtype))),
     "dot_general identity first": (lambda e, x: lax.dot_general(e, x, (((1,), (1,)), ((), ()))),

@@ -100,6 +100,8 @@ from ._rules import lower_as as lower_as
 from ._rules import primitive_jvps as primitive_jvps
 from ._rules import remat_p as remat_p
 from ._rules import split_p as split_p
+from ._rules import stack_p as stack_p
+from ._rules import unstack_p as unstack_p
 from ._jit import AXIS_ENV as AXIS_ENV
 from ._jit import carry_config as carry_config
 from ._jit import DISABLE_JIT as DISABLE_JIT

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import inspect
 
+from jax import lax as _lax
+
 from ._versions import missing
 
 try:
@@ -48,6 +50,10 @@ try:  # lax.split's primitive (not in jax.extend)
     from jax._src.lax.lax import split_p
 except ImportError:  # pragma: no cover
     split_p = None
+
+# jnp.stack's and lax.unstack's own primitives (JAX 0.10 and newer; before, a concatenate of reshapes)
+stack_p = getattr(_lax, "stack_p", None)
+unstack_p = getattr(_lax, "unstack_p", None)
 
 try:  # a value's weak type, set without a change of dtype (public lax has no weak_type)
     from jax._src.lax.lax import _convert_element_type as convert_element_type

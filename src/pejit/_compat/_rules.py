@@ -31,6 +31,8 @@ from ._internals import ad, mlir, public_ad, public_mlir
 from ._internals import jit_p as jit_p  # the primitive of a nested jax.jit call
 from ._internals import remat_p as remat_p
 from ._internals import split_p as split_p
+from ._internals import stack_p as stack_p
+from ._internals import unstack_p as unstack_p
 
 #: What JAX's forward-mode differentiation of a ``custom_vjp`` call leaves for
 #: the backward rule: a linear equation whose transpose runs the rule.

@@ -375,6 +375,14 @@ def split(x, *, sizes, axis):
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
+def stack(*xs, axis):
+    return np.stack(xs, axis)
+
+
+def unstack(x, *, axis):
+    return list(np.moveaxis(x, axis, 0))
+
+
 def on_host(prim, args: Sequence[Any], params: dict) -> Any:
     """``prim`` on concrete ``args`` by its host rule, or None where none applies.
 

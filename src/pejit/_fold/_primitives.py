@@ -107,7 +107,7 @@ EXACT = frozenset([
     "ne", "neg", "not", "or", "pad", "random_bits", "random_fold_in", "random_seed", "random_split", "random_unwrap",
     "random_wrap", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reshape", "rev", "round", "select_n",
     "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze",
-    "stop_gradient", "sub", "threefry2x32", "transpose", "xor",
+    "stack", "stop_gradient", "sub", "threefry2x32", "transpose", "unstack", "xor",
 ])
 
 #: Sums and products, exact on integers and booleans alone: addition that wraps is

@@ -69,6 +69,9 @@ register_primitive(P.pad_p, fold=fold_pad, deferred=True, known_by_default=True,
 register_primitive(P.slice_p, host=_host.slice_, affine=affine.linear, linear=_linear.slice_)
 if _compat.split_p is not None:  # where JAX has it
     register_primitive(_compat.split_p, host=_host.split, affine=affine.linear, linear=_linear.split)
+if _compat.stack_p is not None:
+    register_primitive(_compat.stack_p, host=_host.stack)
+    register_primitive(_compat.unstack_p, host=_host.unstack)
 register_primitive(P.iota_p, host=_host.iota)
 register_primitive(P.select_n_p, host=_host.select_n, affine=affine.select, additive=lambda n: range(1, n),
                    linear=_linear.select_n, fixed=lambda n: (0,))
