@@ -42,7 +42,8 @@ class PejitInfo:
     ``one_value``: the constants never change (the TFC form binds them), so
     each specialization folds concretely, with no folding program: ``jax.jit``'s
     trace replayed on the values, where it has one (see
-    :func:`~pejit._calls._specializer.replayed_per_value`).
+    :func:`~pejit._calls._specializer.replayed_per_value`), unless its look finds
+    nothing that pays or that XLA would fold anyway.
     """
 
     fun: Callable

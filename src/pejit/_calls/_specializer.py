@@ -27,6 +27,7 @@ import numpy as np
 from .. import _compat
 from .._fold import _cost, _gc, _offload, _progress
 from .._fold._folding import replay
+from .._fold._primitives import folds_alike
 from .._fold._stats import FoldStats, Unfolded, label
 from . import _beside, _errors, _look, _persist
 from ._argnums import interleave, runner_signature
@@ -93,10 +94,22 @@ def specialize(
                            jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
                            runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
 
-    if info.one_value:  # folded now, as asked (the TFC form; auto's promotions, decided by their estimate)
+    # The TFC form and auto's promotions: their constants never change, so they fold
+    # now, concretely, as asked: where the fold pays per call, or where all it folds is
+    # arithmetic XLA would fold as it compiles (TFC's basis), which the host folds for
+    # about as much. Not known work that does not pay and that XLA cannot fold (an eig
+    # the program barely uses): its kernels and their compiles would buy nothing, and
+    # jax.jit's program serves.
+    if info.one_value:
+        start = time.perf_counter()
         traced = trace()
-        return per_value(None) if isinstance(traced, PerValue) else replayed_per_value(info, layout, traced, arrays,
-                                                                                       in_tree, avals)
+        if isinstance(traced, PerValue):
+            return per_value(None)
+        seen = _look.look(traced, info.fold_options, info.jit)
+        if seen.pays or folds_alike(seen.work.folded, rounding=True):
+            return replayed_per_value(info, layout, traced, arrays, in_tree, avals)
+        program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
+        return Specialization(program, consts, time.perf_counter() - start)
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
     program = programs.get(skey)
