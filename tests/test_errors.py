@@ -26,6 +26,7 @@ mutated after specialization is re-folded.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -146,6 +147,8 @@ CASES = [
      r"lower\(\) needs a compiled function"),
     ("TFC wrong arity", lambda: pejit(X, Y, constant_arg_nums=[0])(f)(Y, Y), TypeError,
      r"f takes 1 positional argument \(the non-constant ones\) but 2 were given"),
+    ("TFC wrong arity, a partial", lambda: pejit(X, Y, constant_arg_nums=[0])(functools.partial(g, scale=2.0))(),
+     TypeError, r"g takes 1 positional argument \(the non-constant ones\) but 0 were given"),
     ("TFC constant_arg_nums out of range", lambda: pejit(X, Y, constant_arg_nums=[2])(f), ValueError,
      r"constant_arg_nums: entry 2 is out of range"),
     ("TFC duplicate constant_arg_nums", lambda: pejit(X, Y, constant_arg_nums=[1, 1])(f), ValueError,

@@ -73,8 +73,7 @@ class BoundPejitted:
         spec = self._core.specialize(example_args, {})
         self._call = self._core.dispatcher(n, self._full, bound=self._const)
         if jit and _inlinable(self._core.info, self._const, spec):
-            # jax.jit's messages name it (a callable object may have no name)
-            self._call.__name__ = self._call.__qualname__ = getattr(self, "__name__", type(fun).__name__)
+            self._call.__name__ = self._call.__qualname__ = self._core.info.name  # as jax.jit's messages name it
             self._call = jax.jit(self._call)
 
     # Like ``Pejitted``'s: the call is one generated (or jax.jit) function (C-level property).
@@ -86,7 +85,7 @@ class BoundPejitted:
         want = len(self._dyn_positions)
         if len(args) != want:
             raise TypeError(
-                f"{self.__name__} takes {want} positional argument{'s' if want != 1 else ''} "
+                f"{self._core.info.name} takes {want} positional argument{'s' if want != 1 else ''} "
                 f"(the non-constant ones) but {len(args)} were given"
             )
         return interleave(tuple(self._const.items()), args)
@@ -147,6 +146,9 @@ def _positional_only(fun: Callable, n: int) -> Callable:
         return fun(*args)
 
     del wrapper.__wrapped__  # its signature is positional, whatever fun's is
+    if not hasattr(fun, "__name__"):  # named in messages as the function a partial holds, or an object's class
+        name = _compat.fun_name(fun) if isinstance(fun, functools.partial) else type(fun).__name__
+        wrapper.__name__ = wrapper.__qualname__ = name
     return wrapper
 
 
