@@ -77,6 +77,65 @@ def test_the_first_call_runs_jax_jits_program_while_the_fold_runs_on_a_worker(mo
     assert f.cache_info()[:2] == (3, 1)  # one specialization, whichever program serves it
 
 
+@two_cores
+def test_the_tfc_form_runs_jax_jits_program_while_its_value_folds_beside(monkeypatch):
+    # made and first called as jax.jit's program is compiled and called: the fold of its
+    # one value, a replay of that trace, runs on the worker (Equinox's GP predictor:
+    # 2.4x jax.jit's first call, folded first; 1.0x beside)
+    release, threads = threading.Event(), []
+    replayed = _specializer.replayed_per_value
+
+    def held(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        assert release.wait(30)
+        return replayed(*args, **kwargs)
+
+    monkeypatch.setattr(_specializer, "replayed_per_value", held)
+    K, y, xq = _spd(5), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    want = jax.jit(predict)(K, y, xq)
+    g = pejit(K, y, xq, constant_arg_nums=[0, 1])(predict)  # made without waiting for the fold
+    (serving,) = g._core.caches.specializations.values()
+    assert serving.pending is not None and "cholesky" in primitive_names(serving.program.jaxpr)
+    np.testing.assert_allclose(g(xq), want, rtol=1e-5)  # the fold is held: jax.jit's program served it
+    np.testing.assert_allclose(g(xq), want, rtol=1e-5)
+    release.set()
+    folded = g.specialize(xq)  # the staged API waits for the fold
+    assert threads == ["pejit-beside_0"]
+    assert "cholesky" not in primitive_names(folded.residual.jaxpr)
+    assert g._core.caches.specializations.values() == [folded]  # swapped in: the calls from now on run it
+    np.testing.assert_allclose(g(xq * 2), jax.jit(predict)(K, y, xq * 2), rtol=1e-5)
+
+
+@two_cores
+def test_a_transformation_staging_the_tfc_form_while_it_folds_waits_for_the_fold():
+    # what an outer trace stages, its program keeps: not jax.jit's program, served
+    # while the fold runs (TFC's jit(jacfwd(residual)) of a function folded a moment before)
+    K, y, xq = _spd(6), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    g = pejit(K, y, xq, constant_arg_nums=[0, 1])(predict)
+    (serving,) = g._core.caches.specializations.values()
+    assert serving.pending is not None
+    assert "cholesky" not in primitive_names(jax.make_jaxpr(g)(xq).jaxpr)
+    np.testing.assert_allclose(jax.jit(g)(xq), jax.jit(predict)(K, y, xq), rtol=1e-5)
+
+
+@two_cores
+@pytest.mark.filterwarnings("ignore::pejit.WritableConstantWarning")
+def test_a_fold_beside_reads_the_writable_constants_of_the_call_that_started_it(monkeypatch):
+    # the caller may write into its NumPy array while the fold runs: the fold serves the
+    # values it was started for (a call with the new ones selects another specialization)
+    release, threads = _held(monkeypatch)
+    f = pejit(predict, constant_argnums=(0, 1))
+    K, y, xq = _spd(7), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
+    K0 = K.copy()
+    f(K, y, xq), f(K, y, xq)  # the second starts the fold, held
+    K *= 2.0
+    release.set()
+    folded = f.specialize(K0, y, xq)  # waits for the fold
+    assert threads == ["pejit-beside_0"] and "cholesky" not in primitive_names(folded.residual.jaxpr)
+    np.testing.assert_allclose(f(K0, y, xq), jax.jit(predict)(K0, y, xq), rtol=1e-5)  # the folded program
+    np.testing.assert_allclose(f(K, y, xq), jax.jit(predict)(K, y, xq), rtol=1e-5)
+
+
 def test_the_work_beside_starts_after_the_second_calls_result():
     # a function called once pays nothing beside its call; the trace of a fold or a
     # compile holds Python's lock: it waits for the result the user waits for

@@ -352,6 +352,7 @@ def test_the_tfc_form_with_fixed_small_constants_calls_without_python(kind):
     S = {"jax.Array": A, "read-only NumPy": _read_only(A), "NumPy view of a jax.Array": np.asarray(A)}[kind]
     f = pj(S, x, constant_arg_nums=[0])(_inv)
     np.testing.assert_allclose(f(x), _inv(A, x), rtol=1e-5)
+    f.specialize(x), f(x)  # once folded (beside the first calls, which run jax.jit's program), and traced
     assert _pejit_frames(lambda: f(2 * x)) == set()
     np.testing.assert_allclose(f(2 * x), _inv(A, 2 * x), rtol=1e-5)
     X = jnp.stack([x, 3 * x], axis=1)  # a new type: traced again, specialized inside
@@ -370,6 +371,7 @@ def test_the_tfc_form_with_string_and_none_constants_calls_without_python(mode):
 
     f = pj(A, mode, x, constant_arg_nums=[0, 1])(solve)
     np.testing.assert_allclose(f(x), solve(A, mode, x), rtol=1e-5)
+    f.specialize(x), f(x)  # once folded, and traced
     assert _pejit_frames(lambda: f(2 * x)) == set()
     np.testing.assert_allclose(f(2 * x), solve(A, mode, 2 * x), rtol=1e-5)
 

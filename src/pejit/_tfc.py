@@ -17,7 +17,7 @@ from collections.abc import Callable
 import jax
 
 from . import _compat
-from ._calls import _argnums, _errors
+from ._calls import _argnums, _beside, _errors
 from ._calls._argnums import interleave
 from ._calls._keys import unchangeable
 from ._calls._passthrough import JitPath
@@ -70,11 +70,22 @@ class BoundPejitted:
             constant_argnums=tuple(self._const), jit=jit, fold_options=fold_options, one_value=True, **jit_kwargs,
         ))
         functools.update_wrapper(self, fun)
-        spec = self._core.specialize(example_args, {})
+        # folded now, or beside the first calls (FoldOptions.beside), which run jax.jit's program
+        spec = self._core.specialize(example_args, {}, settle=False)
         self._call = self._core.dispatcher(n, self._full, bound=self._const)
-        if jit and _inlinable(self._core.info, self._const, spec):
-            self._call.__name__ = self._call.__qualname__ = self._core.info.name  # as jax.jit's messages name it
-            self._call = jax.jit(self._call)
+        if not jit:
+            return
+        if spec.pending is None:
+            self._inline(spec)
+        else:  # once folded (the cache has swapped the folded program in)
+            _beside.when_ready(spec.pending, self._inline)
+
+    def _inline(self, spec: Specialization) -> None:
+        """Make the call one ``jax.jit`` function, the residual compiled into it, where it can be."""
+        if _inlinable(self._core.info, self._const, spec):
+            call = self._core.dispatcher(self._n, self._full, bound=self._const)
+            call.__name__ = call.__qualname__ = self._core.info.name  # as jax.jit's messages name it
+            self._call = jax.jit(call)
 
     # Like ``Pejitted``'s: the call is one generated (or jax.jit) function (C-level property).
     __call__ = property(operator.attrgetter("_call"))

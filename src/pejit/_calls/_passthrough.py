@@ -55,8 +55,9 @@ class JitPath:
         return call
 
     # -- the staged API: jax.jit's -----------------------------------------
-    def specialize(self, args: tuple, kwargs: dict) -> Specialization:
-        """What a call runs: ``jax.jit``'s jaxpr, its closed-over values as the constants."""
+    def specialize(self, args: tuple, kwargs: dict, settle: bool = True) -> Specialization:
+        """What a call runs: ``jax.jit``'s jaxpr, its closed-over values as the constants
+        (nothing folds, so nothing is left to ``settle``)."""
         traced = self.jitted.trace(*args, **kwargs)
         jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)
         out_tree = jax.tree_util.tree_structure(traced.out_info)

@@ -136,6 +136,7 @@ class CallPath:
         axes = _compat.axis_env_key()
         key, spec = (None, None) if axes else cache.latest(constants)
         if spec is not None:
+            spec = self._staged(key, spec, args, kwargs, layout)
             # The last specialization of these constants; jax.jit's dispatch
             # checks the dynamic arguments' types.
             try:
@@ -156,7 +157,8 @@ class CallPath:
                      dyn_kwargs: dict):
         """A call through the specialization of ``key`` (built if missing)."""
         try:
-            spec = self.caches.specialization(key, self._build, args, kwargs, layout)
+            spec = self._staged(key, self.caches.specialization(key, self._build, args, kwargs, layout), args, kwargs,
+                                layout)
         except ClosedOverTracer:
             # As jax.jit traces again inside each outer trace: the function,
             # run under the caller's trace, sees the tracer it closes over
@@ -280,21 +282,35 @@ class CallPath:
                           _compat.DISABLE_JIT if self.info.jit else None, fixed_names, bound)
 
     # -- specializing -------------------------------------------------------
-    def _lookup(self, args: tuple, kwargs: dict) -> tuple[Specialization, Layout]:
-        """The specialization of a call (folding on a miss), and its layout."""
+    def _lookup(self, args: tuple, kwargs: dict, settle: bool = True) -> tuple[Specialization, Layout]:
+        """The specialization of a call (folding on a miss), and its layout. Unless
+        ``settle``, a fold that runs beside the first calls is not waited for: the
+        specialization is then the program serving them."""
         layout = self.layout(len(args))
         _, dyn_kwargs = self._dynamic(args, kwargs, layout)
         key = CallKey(constants_key(layout.const, self.info.fixed_names, args, kwargs),
                       types_key(layout.dyn, args, dyn_kwargs), _compat.axis_env_key())
         # (a new specialization's trace, with room: see _fold._room)
         spec = self.caches.specialization(key, with_room, self._build, args, kwargs, layout)
-        if spec.pending is not None:  # the folded program, not the one serving while it folds
-            folded = _beside.settled(spec)
-            if folded is None:  # given up or failed: fold here, as without FoldOptions.beside
-                self.caches.specializations.discard(key, spec)
-                folded = self.caches.specialization(key, with_room, self._build, args, kwargs, layout, False)
-            spec = folded
+        if spec.pending is not None and settle:  # the folded program, not the one serving while it folds
+            spec = self._settle(key, spec, args, kwargs, layout)
         return spec, layout
+
+    def _staged(self, key: CallKey, spec: Specialization, args: tuple, kwargs: dict, layout: Layout):
+        """``spec``, but where a transformation stages a call while its fold runs beside the
+        first calls: the folded program, waited for (the outer program keeps what it stages:
+        ``jax.jit``, ``jax.jacfwd`` of the TFC form made a moment before)."""
+        if spec.pending is None or _compat.TRACE.value is _compat.eval_trace:
+            return spec
+        return self._settle(key, spec, args, kwargs, layout)
+
+    def _settle(self, key: CallKey, spec: Specialization, args: tuple, kwargs: dict, layout: Layout):
+        """The folded specialization that ``spec`` serves for while its fold runs beside."""
+        folded = _beside.settled(spec)
+        if folded is None:  # given up or failed: fold here, as without FoldOptions.beside
+            self.caches.specializations.discard(key, spec)
+            folded = self.caches.specialization(key, with_room, self._build, args, kwargs, layout, False)
+        return folded
 
     def _dynamic(self, args: tuple, kwargs: dict, layout: Layout) -> tuple[tuple, dict]:
         """The arguments of a call that its specialization takes."""
@@ -370,9 +386,10 @@ class CallPath:
                 self._jitted = _jax_jit(self.info.fun, self.info.jit_options, True)
             return self._jitted
 
-    def specialize(self, args: tuple, kwargs: dict) -> Specialization:
-        """The specialization a call selects (folding if needed)."""
-        return self._lookup(args, kwargs)[0]
+    def specialize(self, args: tuple, kwargs: dict, settle: bool = True) -> Specialization:
+        """The specialization a call selects (folding if needed); unless ``settle``, the
+        program serving the first calls while the fold runs beside them (see :meth:`_lookup`)."""
+        return self._lookup(args, kwargs, settle)[0]
 
     def lower(self, args: tuple, kwargs: dict, split: Callable | None = None) -> Lowered:
         """The residual program of a call's specialization, lowered, its folded constants bound.

@@ -95,21 +95,33 @@ def specialize(
                            runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
 
     # The TFC form and auto's promotions: their constants never change, so they fold
-    # now, concretely, as asked: where the fold pays per call, or where all it folds is
-    # arithmetic XLA would fold as it compiles (TFC's basis), which the host folds for
-    # about as much. Not known work that does not pay and that XLA cannot fold (an eig
-    # the program barely uses): its kernels and their compiles would buy nothing, and
-    # jax.jit's program serves.
+    # concretely, as asked: where the fold pays per call (beside the first calls where
+    # the look says so, as a call-time fold), or where all it folds is arithmetic XLA
+    # would fold as it compiles (TFC's basis), which the host folds for about as much.
+    # Not known work that does not pay and that XLA cannot fold (an eig the program
+    # barely uses): its kernels and their compiles would buy nothing, and jax.jit's
+    # program serves.
     if info.one_value:
         start = time.perf_counter()
-        traced = trace()
-        if isinstance(traced, PerValue):
-            return per_value(None)
-        seen = _look.look(traced, info.fold_options, info.jit)
-        if seen.pays or folds_alike(seen.work.folded, rounding=True):
+        with _progress.Progress(info.name, False).stage("look"):
+            traced = trace()
+            per_values = isinstance(traced, PerValue)
+            served = (traced.serves if not rules_run else None) if per_values else traced
+            seen = None if served is None else _look.look(served, info.fold_options, info.jit)
+
+        def fold_value() -> Specialization:
+            if per_values:
+                return per_value(None)
             return replayed_per_value(info, layout, traced, arrays, in_tree, avals)
+
+        beside = seen is not None and seen.beside and beside
+        if not beside and (seen is None or seen.pays or folds_alike(seen.work.folded, rounding=True)):
+            return fold_value()
         program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
-        return Specialization(program, consts, time.perf_counter() - start)
+        program.rules_close_over_constants = per_values
+        if beside:
+            const_pos, const_kw, arrays = held(const_pos), held(const_kw), held(arrays)
+        return Specialization(program, consts, time.perf_counter() - start, pending=fold_value if beside else None)
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
     program = programs.get(skey)
@@ -134,6 +146,7 @@ def specialize(
             seen = None if served is None else _look.look(served, info.fold_options, info.jit)
         if seen is not None and seen.beside and beside:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
+            const_pos, const_kw, arrays = held(const_pos), held(const_kw), held(arrays)
 
             def fold_beside() -> Specialization:
                 if per_values:
@@ -173,6 +186,17 @@ def specialize(
     # an evaluated (not compiled) folding program gives host results: copied once, not per call
     consts = [to_device(c) for c in consts]
     return Specialization(program, consts, time.perf_counter() - start)
+
+
+def held(constants: Any) -> Any:
+    """``constants`` with their writable NumPy arrays copied: what a fold beside the calls
+    reads, whatever the caller writes into them meanwhile (the fold serves the values
+    of the call that started it: a call with other values selects another)."""
+    leaves, tree = _tree_flatten(constants)
+    if not any(isinstance(leaf, np.ndarray) and leaf.flags.writeable for leaf in leaves):
+        return constants
+    return _tree_unflatten(tree, [np.array(leaf) if isinstance(leaf, np.ndarray) and leaf.flags.writeable else leaf
+                                  for leaf in leaves])
 
 
 def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list) -> Callable:
