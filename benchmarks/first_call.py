@@ -15,9 +15,11 @@ loops, the MJX rollout where installed), the libraries' cases of
 user would (a tinygp regression, a tinygp conditioned GP, an ott-jax Sinkhorn
 solve, a jax-md rollout), each where its library is installed.
 
-Run: ``python benchmarks/first_call.py [--quick] [--rounds 3] [--control] [--only SUBSTRING] [--out FILE]``
-(``--quick``: every fifth corpus program). Prints a table (pejit over ``jax.jit``
-per program, trace / fold / compile of each) and the median and worst ratio.
+Run: ``python benchmarks/first_call.py [--quick] [--rounds 3] [--control] [--tfc] [--only SUBSTRING] [--out FILE]``
+(``--quick``: every fifth corpus program; ``--tfc``: pejit in the TFC form,
+``pejit(*args, constant_arg_nums=...)(f)(*dynamic args)``, made and called on the
+clock). Prints a table (pejit over ``jax.jit`` per program, trace / fold /
+compile of each) and the median and worst ratio.
 ``--control`` adds a third variant to every round, ``jax.jit`` again in a process
 of its own: its ratio to the first is what this machine's noise alone gives a
 row (the rows of 10-60 ms move by up to 50% from run to run), so the table's
@@ -164,7 +166,7 @@ _JAX_LOG = re.compile(r"Finished (tracing|jaxpr to MLIR module conversion|XLA co
 _PEJIT_LOG = re.compile(r"pejit .*?: (look|trace|fold|trace and fold|fold \(folding program\)) ([0-9.e+-]+) s$")
 
 
-def worker(source: str, name: str, variant: str, quick: bool) -> dict:
+def worker(source: str, name: str, variant: str, quick: bool, tfc: bool = False) -> dict:
     import jax
 
     jax.config.update("jax_log_compiles", True)  # this benchmark process's own setting
@@ -194,6 +196,8 @@ def worker(source: str, name: str, variant: str, quick: bool) -> dict:
     start = time.perf_counter()
     if variant in ("jax.jit", CONTROL):
         out = (library_jit or jax.jit)(fun)(*args)
+    elif tfc:
+        out = pejit(*args, constant_arg_nums=list(nums))(fun)(*(a for i, a in enumerate(args) if i not in nums))
     else:
         out = pejit(fun, constant_argnums=nums)(*args)
     jax.block_until_ready(out)
@@ -208,8 +212,8 @@ def worker(source: str, name: str, variant: str, quick: bool) -> dict:
     return {"total": total, **parts, "import": imported}
 
 
-def _run_worker(source: str, name: str, variant: str, quick: bool) -> dict | None:
-    cmd = [sys.executable, __file__, "--worker", json.dumps([source, name, variant, quick])]
+def _run_worker(source: str, name: str, variant: str, quick: bool, tfc: bool) -> dict | None:
+    cmd = [sys.executable, __file__, "--worker", json.dumps([source, name, variant, quick, tfc])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
@@ -235,6 +239,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--control", action="store_true", help="each round runs jax.jit twice (the noise alone)")
+    parser.add_argument("--tfc", action="store_true", help="pejit in the TFC form")
     parser.add_argument("--only", default="", help="programs whose name contains this")
     parser.add_argument("--out", default=None, help="write the table here too (markdown)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -249,7 +254,7 @@ def main(argv=None) -> int:
         best: dict[str, dict] = {}
         for r in range(args.rounds):  # each variant first in turn
             for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
-                got = _run_worker(source, name, variant, args.quick)
+                got = _run_worker(source, name, variant, args.quick, args.tfc)
                 if got is not None and (variant not in best or got["total"] < best[variant]["total"]):
                     best[variant] = got
         if len(best) < len(variants):
@@ -263,7 +268,8 @@ def main(argv=None) -> int:
     import jax
 
     control = " | jax.jit again / jax.jit" if args.control else ""
-    lines = [f"jax {jax.__version__}, {jax.devices()[0].platform}; {len(rows)} programs; first call (from making the "
+    form = "pejit in the TFC form; " if args.tfc else ""
+    lines = [f"jax {jax.__version__}, {jax.devices()[0].platform}; {len(rows)} programs; {form}first call (from making the "
              f"function to its first result), each variant in a fresh process, minimum of {args.rounds} alternating "
              "rounds; seconds", "",
              f"| program | jax.jit | trace | lower | compile | pejit | look | fold | compile | pejit / jax.jit{control} |",
