@@ -1,7 +1,8 @@
 """The TFC form of pejit: :class:`BoundPejitted`.
 
-``pejit(*example_args, constant_arg_nums=[...])(f)`` folds immediately for
-the example arguments and returns a function of the remaining arguments. It
+``pejit(*example_args, constant_arg_nums=[...])(f)`` folds for the example
+arguments (at once, or beside its first calls where the look says so, as the
+call-time form does) and returns a function of the remaining arguments. It
 holds the call path (:mod:`pejit._calls._path`) of ``f`` whose constants are
 the bound positions, and calls it through a dispatcher of that path with
 the constants bound; argument numbers in ``jax.jit`` keywords, given for the
@@ -27,7 +28,7 @@ from ._calls._stages import Lowered, Traced
 
 
 class BoundPejitted:
-    """The TFC form: constants bound from example arguments, folded eagerly.
+    """The TFC form: constants bound from example arguments, folded for them.
 
     Takes the non-constant arguments, in order. Calling it with arguments
     whose shapes or dtypes differ from the examples re-specializes (as
@@ -43,7 +44,8 @@ class BoundPejitted:
     hand-folded ``M @ xi + c``) costs per call what it costs by hand, where
     the generated dispatch, ``CallPath.dispatcher`` with the constants
     bound, would add a Python call to each (bench case 15 checks it). A new
-    type traces it again, and that trace specializes.
+    type traces it again, and that trace specializes. Where the fold runs
+    beside the first calls, they go through the dispatch until it is in.
 
     Examples:
       >>> import jax.numpy as jnp

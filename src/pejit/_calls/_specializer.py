@@ -27,7 +27,6 @@ import numpy as np
 from .. import _compat
 from .._fold import _cost, _gc, _offload, _progress
 from .._fold._folding import replay
-from .._fold._primitives import folds_alike
 from .._fold._stats import FoldStats, Unfolded, label
 from . import _beside, _errors, _look, _persist
 from ._argnums import interleave, runner_signature
@@ -95,12 +94,12 @@ def specialize(
                            runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
 
     # The TFC form and auto's promotions: their constants never change, so they fold
-    # concretely, as asked: where the fold pays per call (beside the first calls where
-    # the look says so, as a call-time fold), or where all it folds is arithmetic XLA
-    # would fold as it compiles (TFC's basis), which the host folds for about as much.
-    # Not known work that does not pay and that XLA cannot fold (an eig the program
-    # barely uses): its kernels and their compiles would buy nothing, and jax.jit's
-    # program serves.
+    # concretely, no folding program, where the look says the fold pays (beside the
+    # first calls where it says so), and, as asked, where it says XLA would fold the
+    # work as it compiles (compile_in: TFC's basis on a few points), so that the
+    # program lowered is the folded one. Else jax.jit's program serves: folding work
+    # that does not pay costs the first call kernels compiled for nothing (an eig a
+    # Sylvester solve barely uses).
     if info.one_value:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
@@ -115,7 +114,7 @@ def specialize(
             return replayed_per_value(info, layout, traced, arrays, in_tree, avals)
 
         beside = seen is not None and seen.beside and beside
-        if not beside and (seen is None or seen.pays or folds_alike(seen.work.folded, rounding=True)):
+        if not beside and (seen is None or seen.pays or seen.compile_in):
             return fold_value()
         program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
         program.rules_close_over_constants = per_values
