@@ -44,17 +44,18 @@ def _entry(f):
     return spec
 
 
-def _held(monkeypatch):
-    """Hold every fold beside a call until the returned event is set (the fold's thread noted)."""
+def _held(monkeypatch, fold: str = "trace_program"):
+    """Hold every fold beside a call (``_specializer``'s function ``fold``) until the returned
+    event is set (the fold's thread noted)."""
     release, threads = threading.Event(), []
-    trace_program = _specializer.trace_program
+    folds = getattr(_specializer, fold)
 
     def held(*args, **kwargs):
         threads.append(threading.current_thread().name)
         assert release.wait(30)
-        return trace_program(*args, **kwargs)
+        return folds(*args, **kwargs)
 
-    monkeypatch.setattr(_specializer, "trace_program", held)
+    monkeypatch.setattr(_specializer, fold, held)
     return release, threads
 
 
@@ -82,15 +83,7 @@ def test_the_tfc_form_runs_jax_jits_program_while_its_value_folds_beside(monkeyp
     # made and first called as jax.jit's program is compiled and called: the fold of its
     # one value, a replay of that trace, runs on the worker (Equinox's GP predictor:
     # 2.4x jax.jit's first call, folded first; 1.0x beside)
-    release, threads = threading.Event(), []
-    replayed = _specializer.replayed_per_value
-
-    def held(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        assert release.wait(30)
-        return replayed(*args, **kwargs)
-
-    monkeypatch.setattr(_specializer, "replayed_per_value", held)
+    release, threads = _held(monkeypatch, "replayed_per_value")
     K, y, xq = _spd(5), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
     want = jax.jit(predict)(K, y, xq)
     g = pejit(K, y, xq, constant_arg_nums=[0, 1])(predict)  # made without waiting for the fold
@@ -339,15 +332,7 @@ def with_rule(K, y, xq):
 
 @two_cores
 def test_a_rule_closing_over_a_constant_folds_its_value_beside_jax_jits_program(monkeypatch):
-    release, threads = threading.Event(), []
-    per_value = _specializer.specialize_per_value
-
-    def held(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        assert release.wait(30)
-        return per_value(*args, **kwargs)
-
-    monkeypatch.setattr(_specializer, "specialize_per_value", held)
+    release, threads = _held(monkeypatch, "specialize_per_value")
     f = pejit(with_rule, constant_argnums=(0, 1))
     K, y, xq = _spd(11), np.ones(N, np.float32), jnp.linspace(0, 1, 8)
     want = jax.jit(with_rule)(K, y, xq)
