@@ -266,7 +266,11 @@ class Specialization:
         too, which ``jax.jit`` compiles in as their key data)."""
         local = all(type(c) is np.ndarray or ((type(c) is _compat.ArrayImpl or _is_key(c)) and c.is_fully_addressable
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
-        return local and inlinable(self.consts)
+        # a bool the caller gave may hold any byte (a view of other bits), which jax.jit keeps;
+        # compiled in, it is 0 or 1
+        given_bools = isinstance(self.program.folding_program, AsGiven) and any(
+            c.dtype == np.bool_ for c in self.consts)
+        return local and not given_bools and inlinable(self.consts)
 
     @property
     def compiles_in(self) -> bool:
