@@ -18,7 +18,7 @@ import pytest
 from pejit import FoldOptions, pe, pejit
 from pejit._calls import _beside, _path
 from pejit._calls._cache import NO_MEMO
-from pejit._calls._program import AsGiven, FoldingProgram, _holds_python
+from pejit._calls._program import AsGiven, FoldingProgram, Specialization, _holds_python
 from pejit._jit import call_path
 
 from ._util import Compiles, f32_products, in_room, primitive_names
@@ -338,6 +338,43 @@ def test_the_tfc_form_leaves_known_work_that_cannot_pay_to_jax_jits_program():
     assert primitive_names(spec.program.jaxpr) == primitive_names(jax.make_jaxpr(solve)(A, B, C).jaxpr)
     assert "stay in the program" in str(bound.report(A))
     np.testing.assert_array_equal(out, jax.jit(solve)(A, B, C))
+
+
+def _logit_basis(x, xi):  # seed 000's basis on a few points, of logit(x)
+    z = jax.scipy.special.logit(x)
+    return jnp.stack([jnp.ones_like(z), z, 2 * z * z - 1], axis=1) @ xi
+
+
+def test_the_tfc_form_compiles_in_what_xla_folds_and_lowers_the_fold_asked_for():
+    # XLA folds the basis as it compiles jax.jit's program with x in; a fold before the
+    # first call evaluated it for nothing (the corpus' jss.logit: 4x jax.jit's first call)
+    x, xi = np.linspace(0.1, 0.9, 16, dtype=np.float32), jnp.ones(3)
+    bound = pejit(x, xi, constant_arg_nums=[0])(_logit_basis)
+    with Compiles() as compiles:
+        out = bound(xi)
+    assert len(compiles.where) == 1  # jax.jit's program, the constants in: no kernel folded them
+    spec = bound.specialize(xi)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+    assert "stay in the program, the constants compiled in" in str(bound.report(xi))
+    np.testing.assert_allclose(out, jax.jit(_logit_basis)(x, xi), rtol=1e-6)
+    # what lower() and trace() show is the fold asked for: the basis a constant
+    lowered = bound.lower(xi)
+    assert "stablehlo.log" not in lowered.as_text() and "stablehlo.multiply" not in lowered.as_text()
+    assert "log" not in primitive_names(bound.trace(xi).jaxpr.jaxpr)
+    np.testing.assert_allclose(lowered.compile()(xi), out, rtol=1e-6)
+    assert bound.specialize(xi) is spec  # the call still runs jax.jit's program
+
+
+def test_the_tfc_form_folds_what_it_cannot_compile_in(monkeypatch):
+    # constants that cannot be compiled in (on several devices) would be passed, and XLA
+    # would not fold their work: the TFC form folds it, as asked
+    monkeypatch.setattr(Specialization, "compilable_in", property(lambda self: False))
+    x, xi = np.linspace(0.1, 0.9, 16, dtype=np.float32), jnp.ones(3)
+    bound = pejit(x, xi, constant_arg_nums=[0])(_logit_basis)
+    spec = bound.specialize(xi)
+    assert not isinstance(spec.program.folding_program, AsGiven) and spec.shown is None
+    assert "log" not in primitive_names(spec.program.jaxpr)
+    np.testing.assert_allclose(bound(xi), jax.jit(_logit_basis)(x, xi), rtol=1e-6)
 
 
 # -- the guard of writable NumPy constants, beside the run ------------------------------

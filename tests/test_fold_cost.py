@@ -227,7 +227,9 @@ def test_each_tiny_value_computed_while_tracing_is_put_on_the_device_once(monkey
         return x
 
     c, x = jnp.array([2.0, 3.0]), jnp.ones(3)
-    out = pejit(c, x, constant_arg_nums=[0])(h)(x)
+    # folded before the call returns, not left to XLA with c compiled in (nor folded beside the call)
+    options = pejit_module.FoldOptions(min_gain=0, beside=False)
+    out = pejit(c, x, constant_arg_nums=[0], fold_options=options)(h)(x)
     np.testing.assert_array_equal(out, jax.jit(h)(c, x))
     assert puts and len(puts) == len(set(puts))  # 140 puts of 5 values before
 
@@ -300,7 +302,9 @@ def test_a_batch_logs_what_it_wrote_and_what_it_kept(caplog):
         return a @ x
 
     with caplog.at_level(logging.DEBUG, logger="pejit"):
-        pejit(a, x, constant_arg_nums=[0], fold_options=pejit_module.FoldOptions(backend="eager"))(chain)(x)
+        # folded before the call returns, not left to XLA (nor folded beside the call)
+        options = pejit_module.FoldOptions(backend="eager", min_gain=0, beside=False)
+        pejit(a, x, constant_arg_nums=[0], fold_options=options)(chain)(x)
     lines = [r.getMessage() for r in caplog.records if "batch of" in r.getMessage()]
     written, kept = map(float, re.search(r"([\d.]+) MiB written, ([\d.]+) MiB kept", lines[-1]).groups())
     one = 64 * 64 * 4 / 2**20

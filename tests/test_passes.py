@@ -325,7 +325,9 @@ def test_an_inline_call_with_mixed_inputs_is_inlined_and_its_equal_known_work_fo
                         lambda prim, *a, **k: evaluated.append(prim.name) or bind_known(prim, *a, **k))
     monkeypatch.setattr(_offload.Kernels, "take", taken)
     c, x = jnp.linspace(0.1, 1.0, 300), jnp.arange(300.0)  # not tiny: tiny folds are evaluated on the spot
-    g = pejit.pejit(c, x, constant_arg_nums=[0], fold_options=FoldOptions(backend="eager"))(f)
+    # folded before the call returns, not left to XLA with c compiled in (nor folded beside the call)
+    options = FoldOptions(backend="eager", min_gain=0, beside=False)
+    g = pejit.pejit(c, x, constant_arg_nums=[0], fold_options=options)(f)
     np.testing.assert_allclose(g(x), jax.jit(f)(c, x), rtol=1e-6)
     # once, and not inside a known part; with pejit's CPU back end, NumPy
     # computes the product and the sum (host rules), JAX only the sine

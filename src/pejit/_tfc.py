@@ -2,7 +2,9 @@
 
 ``pejit(*example_args, constant_arg_nums=[...])(f)`` folds for the example
 arguments (at once, or beside its first calls where the look says so, as the
-call-time form does) and returns a function of the remaining arguments. It
+call-time form does; small work that XLA folds as it compiles is compiled
+in, and folded for ``lower`` and ``trace`` alone) and returns a function of
+the remaining arguments. It
 holds the call path (:mod:`pejit._calls._path`) of ``f`` whose constants are
 the bound positions, and calls it through a dispatcher of that path with
 the constants bound; argument numbers in ``jax.jit`` keywords, given for the

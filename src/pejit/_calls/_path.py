@@ -334,7 +334,9 @@ class CallPath:
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(info.name, const_leaves, self._hints)
         finish = functools.partial(self._finish, layout, const_leaves)
-        finish(spec, beside and info.fold_options.beside)
+        # one value's constants compile in at once: the TFC form's first call is then its
+        # only compile (it inlines that program), not one with them passed and one beside
+        finish(spec, beside and info.fold_options.beside and not info.one_value)
         if spec.pending is not None:
             def finish_beside(folded: Specialization) -> None:
                 finish(folded)
@@ -402,6 +404,7 @@ class CallPath:
         if self._abstract(args, kwargs):
             return self.staged().lower(*args, **kwargs)
         spec, layout = self._lookup(args, kwargs)
+        spec = self._shown(spec, layout)
         dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
         lowered = spec.run.lower(*spec.passed, *dyn_args, **dyn_kwargs)
         return Lowered(lowered, split or self._checker(args, kwargs), spec.passed)
@@ -412,6 +415,7 @@ class CallPath:
         if self._abstract(args, kwargs):
             return self.staged().trace(*args, **kwargs)
         spec, layout = self._lookup(args, kwargs)
+        spec = self._shown(spec, layout)
         targs, tkwargs = self._unused(args, kwargs, layout)
         traced = self._residual_jit(spec, layout).trace(*targs, **tkwargs)
         return Traced.of(traced, self._checker(args, kwargs, traced=True), _export_error(self.info.name))
@@ -439,8 +443,20 @@ class CallPath:
                 "not a jax.ShapeDtypeStruct"
             )
         spec, layout = self._lookup(args, kwargs)
+        spec = self._shown(spec, layout)
         dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
         return jax.jit(spec.call, **jit_kwargs_for(self.info, layout, 0)), dyn_args, dyn_kwargs
+
+    def _shown(self, spec: Specialization, layout: Layout) -> Specialization:
+        """What the staged API shows of ``spec``: the fold asked for, where XLA folds the
+        work of the program that serves (``Specialization.shown``), its constants
+        compiled in as a call's would be."""
+        if spec.shown is None:
+            return spec
+        folded = spec.shown()
+        if self.info.fold_options.literals:  # (once: compile_in then finds it done)
+            folded.compile_in(jit_kwargs_for(self.info, layout, 0))
+        return folded
 
     def require_jit(self, what: str) -> None:
         """Raise for staging (``what``) a function that ``pe`` made: it does not compile."""

@@ -215,7 +215,8 @@ class Specialization:
       ['dot_general']
     """
 
-    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual", "pending", "on_host", "__weakref__")
+    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual", "pending", "on_host", "shown",
+                 "__weakref__")
 
     def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None,
                  pending: Any = None):
@@ -230,6 +231,10 @@ class Specialization:
         # before it starts, the fold to run (a function); then its future, whose result is
         # the folded specialization, or None where it was given up (see pejit._calls._beside)
         self.pending = pending
+        # the TFC form's jax.jit program with its constants compiled in (XLA folds their
+        # work): the fold that lower() and trace() show, as asked, folded when first
+        # called (see pejit._calls._specializer.specialize); else None
+        self.shown: Callable[[], Specialization] | None = None
 
     def served(self) -> bool:
         """A call of this specialization has its result: whether it may serve the next

@@ -37,7 +37,8 @@ from ._keys import dynamic_aval, is_array, structure_key
 from ._program import (AsGiven, FoldingProgram, PerValue, Program, Specialization, as_traced, inlinable,
                        jit_kwargs_for, make_runner, why_per_value)
 from .._residual._partial_eval import fold, share_constants, to_device
-from .._fold._staging import ClosedOverTracer
+from .._fold._room import with_room
+from .._fold._staging import ClosedOverTracer, specializing
 from .._fold._values import Compactor, nbytes
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -95,11 +96,14 @@ def specialize(
 
     # The TFC form and auto's promotions: their constants never change, so they fold
     # concretely, no folding program, where the look says the fold pays (beside the
-    # first calls where it says so), and, as asked, where it says XLA would fold the
-    # work as it compiles (compile_in: TFC's basis on a few points), so that the
-    # program lowered is the folded one. Else jax.jit's program serves: folding work
-    # that does not pay costs the first call kernels compiled for nothing (an eig a
-    # Sylvester solve barely uses).
+    # first calls where it says so). Where it says XLA folds the work as it compiles
+    # (compile_in: TFC's basis on a few points), jax.jit's program serves with the
+    # constants compiled in, as for the call-time form, and the fold asked for is
+    # what lower() and trace() show (``Specialization.shown``), folded when first
+    # asked: folding it before the first call costs kernels compiled for work XLA
+    # does anyway. Else jax.jit's program serves too: folding work that does not pay
+    # costs the first call kernels compiled for nothing (an eig a Sylvester solve
+    # barely uses).
     if info.one_value:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
@@ -114,13 +118,19 @@ def specialize(
             return replayed_per_value(info, layout, traced, arrays, in_tree, avals)
 
         beside = seen is not None and seen.beside and beside
-        if not beside and (seen is None or seen.pays or seen.compile_in):
+        compiled_in = seen is not None and seen.compile_in and info.jit
+        if not beside and not compiled_in and (seen is None or seen.pays):
             return fold_value()
         program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
         program.rules_close_over_constants = per_values
         if beside:
             const_pos, const_kw, arrays = held(const_pos), held(const_kw), held(arrays)
-        return Specialization(program, consts, time.perf_counter() - start, pending=fold_value if beside else None)
+        spec = Specialization(program, consts, time.perf_counter() - start, pending=fold_value if beside else None)
+        if compiled_in:
+            if not spec.compilable_in:  # passed, XLA would not fold them: fold as asked
+                return fold_value()
+            spec.shown = _shown(fold_value)
+        return spec
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
     program = programs.get(skey)
@@ -185,6 +195,19 @@ def specialize(
     # an evaluated (not compiled) folding program gives host results: copied once, not per call
     consts = [to_device(c) for c in consts]
     return Specialization(program, consts, time.perf_counter() - start)
+
+
+def _shown(fold: Callable[[], Specialization]) -> Callable[[], Specialization]:
+    """``fold``, run once, when first asked (see ``Specialization.shown``): at top level
+    and with room, as a specialization is built, whatever asks."""
+
+    @functools.cache
+    @_gc.pausing
+    def shown() -> Specialization:
+        with specializing():
+            return with_room(fold)
+
+    return shown
 
 
 def held(constants: Any) -> Any:
