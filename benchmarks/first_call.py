@@ -15,7 +15,8 @@ loops, the MJX rollout where installed), the libraries' cases of
 user would (a tinygp regression, a tinygp conditioned GP, an ott-jax Sinkhorn
 solve, a jax-md rollout), each where its library is installed.
 
-Run: ``python benchmarks/first_call.py [--quick] [--rounds 3] [--control] [--tfc] [--only SUBSTRING] [--out FILE]``
+Run: ``python benchmarks/first_call.py [--quick] [--rounds 3] [--control] [--tfc] [--only SUBSTRING]
+[--baseline SRC] [--out FILE]``
 (``--quick``: every fifth corpus program; ``--tfc``: pejit in the TFC form,
 ``pejit(*args, constant_arg_nums=...)(f)(*dynamic args)``, made and called on the
 clock). Prints a table (pejit over ``jax.jit`` per program, trace / fold /
@@ -24,6 +25,9 @@ compile of each) and the median and worst ratio.
 of its own: its ratio to the first is what this machine's noise alone gives a
 row (the rows of 10-60 ms move by up to 50% from run to run), so the table's
 median and worst ratio come with the same figures for two runs of one program.
+``--baseline SRC`` adds pejit from another checkout's ``src`` (a ``git worktree`` of the
+commit before a change) as a variant of every round, so that a change is measured
+side by side with what it changes, alternating, not in another run.
 ``import pejit`` is paid once a process, before the clock starts, as ``import jax``
 is; the table gives its time apart.
 """
@@ -212,9 +216,12 @@ def worker(source: str, name: str, variant: str, quick: bool, tfc: bool = False)
     return {"total": total, **parts, "import": imported}
 
 
-def _run_worker(source: str, name: str, variant: str, quick: bool, tfc: bool) -> dict | None:
+def _run_worker(source: str, name: str, variant: str, quick: bool, tfc: bool, baseline: str | None) -> dict | None:
     cmd = [sys.executable, __file__, "--worker", json.dumps([source, name, variant, quick, tfc])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    env = None
+    if variant == BASELINE:  # that checkout's pejit, imported ahead of this one
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [baseline, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -225,6 +232,7 @@ def _run_worker(source: str, name: str, variant: str, quick: bool, tfc: bool) ->
 
 VARIANTS = ("jax.jit", "pejit")
 CONTROL = "jax.jit again"  # --control: the first variant again, for the noise alone
+BASELINE = "pejit before"  # --baseline: pejit from another checkout
 
 
 def _summary(label: str, rows: list[tuple[str, float]]) -> str:
@@ -241,6 +249,7 @@ def main(argv=None) -> int:
     parser.add_argument("--control", action="store_true", help="each round runs jax.jit twice (the noise alone)")
     parser.add_argument("--tfc", action="store_true", help="pejit in the TFC form")
     parser.add_argument("--only", default="", help="programs whose name contains this")
+    parser.add_argument("--baseline", default=None, help="another checkout's src: its pejit as a variant too")
     parser.add_argument("--out", default=None, help="write the table here too (markdown)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -248,13 +257,13 @@ def main(argv=None) -> int:
         print(json.dumps(worker(*json.loads(args.worker))), flush=True)
         return 0
     names = [(source, name) for source, found in sources(args.quick).items() for name in found if args.only in name]
-    variants = VARIANTS + ((CONTROL,) if args.control else ())
+    variants = VARIANTS + ((CONTROL,) if args.control else ()) + ((BASELINE,) if args.baseline else ())
     rows = []
     for source, name in names:
         best: dict[str, dict] = {}
         for r in range(args.rounds):  # each variant first in turn
             for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
-                got = _run_worker(source, name, variant, args.quick, args.tfc)
+                got = _run_worker(source, name, variant, args.quick, args.tfc, args.baseline)
                 if got is not None and (variant not in best or got["total"] < best[variant]["total"]):
                     best[variant] = got
         if len(best) < len(variants):
@@ -262,22 +271,24 @@ def main(argv=None) -> int:
         rows.append((name, best))
         j, p = best["jax.jit"], best["pejit"]
         again = f", jax.jit again {best[CONTROL]['total']:.3f} s" if args.control else ""
+        again += f", pejit before {best[BASELINE]['total']:.3f} s" if args.baseline else ""
         print(f"{name}: jax.jit {j['total']:.3f} s, pejit {p['total']:.3f} s{again}, ratio "
               f"{p['total'] / j['total']:.2f} (pejit look {p['look']:.3f} fold {p['fold']:.3f} compile "
               f"{p['compile']:.3f}; jax.jit trace {j['trace']:.3f} compile {j['compile']:.3f})", flush=True)
     import jax
 
-    control = " | jax.jit again / jax.jit" if args.control else ""
+    control = " | jax.jit again / jax.jit" * args.control + " | pejit before / jax.jit" * bool(args.baseline)
     form = "pejit in the TFC form; " if args.tfc else ""
     lines = [f"jax {jax.__version__}, {jax.devices()[0].platform}; {len(rows)} programs; {form}first call (from making the "
              f"function to its first result), each variant in a fresh process, minimum of {args.rounds} alternating "
              "rounds; seconds", "",
              f"| program | jax.jit | trace | lower | compile | pejit | look | fold | compile | pejit / jax.jit{control} |",
-             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * bool(control)]
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * control.count("|")]
     imports = [best["pejit"].get("import", 0.0) for _, best in rows]
     for name, best in rows:
         j, p = best["jax.jit"], best["pejit"]
         again = f" {best[CONTROL]['total'] / j['total']:.2f} |" if args.control else ""
+        again += f" {best[BASELINE]['total'] / j['total']:.2f} |" if args.baseline else ""
         lines.append(f"| {name} | {j['total']:.3f} | {j['trace']:.3f} | {j['lower']:.3f} | {j['compile']:.3f} | "
                      f"{p['total']:.3f} | {p['look']:.3f} | {p['fold']:.3f} | {p['compile']:.3f} | "
                      f"{p['total'] / j['total']:.2f} |{again}")
@@ -286,6 +297,9 @@ def main(argv=None) -> int:
         if args.control:
             lines += ["", _summary("control (jax.jit again / jax.jit): ",
                                    [(name, best[CONTROL]["total"] / best["jax.jit"]["total"]) for name, best in rows])]
+        if args.baseline:
+            lines += ["", _summary(f"pejit before ({args.baseline}) / jax.jit: ",
+                                   [(name, best[BASELINE]["total"] / best["jax.jit"]["total"]) for name, best in rows])]
         lines += ["", f"`import pejit` (once a process, before the clock starts, as `import jax`): "
                       f"{min(imports):.3f}-{max(imports):.3f} s"]
     print("\n".join(lines[-5:]))
