@@ -100,10 +100,10 @@ def specialize(
     # (compile_in: TFC's basis on a few points), jax.jit's program serves with the
     # constants compiled in, as for the call-time form, and the fold asked for is
     # what lower() and trace() show (``Specialization.shown``), folded when first
-    # asked: folding it before the first call costs kernels compiled for work XLA
-    # does anyway. Else jax.jit's program serves too: folding work that does not pay
-    # costs the first call kernels compiled for nothing (an eig a Sylvester solve
-    # barely uses).
+    # asked: folded first, it delayed the first call by work XLA does anyway (the
+    # corpus' programs, 0.04-0.2 s). Else jax.jit's program serves too: folding work
+    # that does not pay costs the first call kernels compiled for nothing (an eig a
+    # Sylvester solve barely uses).
     if info.one_value:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
@@ -118,7 +118,7 @@ def specialize(
             return replayed_per_value(info, layout, traced, arrays, in_tree, avals)
 
         beside = seen is not None and seen.beside and beside
-        compiled_in = seen is not None and seen.compile_in and info.jit
+        compiled_in = seen is not None and seen.compile_in
         if not beside and not compiled_in and (seen is None or seen.pays):
             return fold_value()
         program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
