@@ -356,12 +356,14 @@ def test_the_tfc_form_compiles_in_what_xla_folds_and_lowers_the_fold_asked_for()
     spec = bound.specialize(xi)
     assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
     assert "stay in the program, the constants compiled in" in str(bound.report(xi))
+    assert spec.shown.cache_info().currsize == 0  # nothing was folded for the call
     np.testing.assert_allclose(out, jax.jit(_logit_basis)(x, xi), rtol=1e-6)
-    # what lower() and trace() show is the fold asked for: the basis a constant
+    # what lower() and trace() show is the fold asked for, folded once: the basis a constant
     lowered = bound.lower(xi)
     assert "stablehlo.log" not in lowered.as_text() and "stablehlo.multiply" not in lowered.as_text()
     assert "log" not in primitive_names(bound.trace(xi).jaxpr.jaxpr)
     np.testing.assert_allclose(lowered.compile()(xi), out, rtol=1e-6)
+    assert spec.shown.cache_info().currsize == 1
     assert bound.specialize(xi) is spec  # the call still runs jax.jit's program
 
 
