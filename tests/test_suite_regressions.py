@@ -143,3 +143,18 @@ def test_view_of_bool_bytes_other_than_0_and_1():
     x = jnp.asarray(bits.view(np.bool_))
     for dtype in (jnp.int8, jnp.uint8):
         check(lambda x: jnp.asarray(x).view(dtype), lambda: [x])
+
+
+def test_bitcast_to_a_type_narrower_than_a_byte():
+    # lax_test's testBitcastConvertType (float32 -> uint4, shape ()): XLA's constant
+    # folding packs the nibbles its own way (jax.jit closed over the value gives other
+    # nibbles than its kernel), so the value is compiled in by neither form
+    from pejit import FoldOptions
+    from pejit._fold._primitives import folds_alike
+
+    to_uint4 = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint4)  # noqa: E731
+    x = np.array(-1.2345, np.float32)
+    assert not folds_alike(jax.make_jaxpr(to_uint4)(x).eqns)
+    check(to_uint4, lambda: [x], rtol=0, atol=0)
+    at_once = pejit(to_uint4, constant_argnums=0, fold_options=FoldOptions(beside=False))  # compiled in, if at all
+    _close(at_once(x), jax.jit(to_uint4)(x), 0, 0)

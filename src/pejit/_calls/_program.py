@@ -157,9 +157,13 @@ class AsGiven:
 
     share = None  # nothing equal or uniform is left out (see SharePlan)
 
-    def __init__(self, closed_over: Sequence, compile_in: bool = False):
+    def __init__(self, closed_over: Sequence, compile_in: bool = False, folds_alike: bool = True):
         self.closed_over = list(closed_over)
         self.compile_in = compile_in  # the first value's constants are compiled in (XLA folds their work)
+        # XLA's constant folding computes the known work as the program's kernels do
+        # (pejit._fold._primitives.folds_alike, rounding aside): else the constants may
+        # not be compiled in at all (the TFC form's call inlined), which would fold it
+        self.folds_alike = folds_alike
 
     def __call__(self, *arrays) -> list:
         return [*self.closed_over, *arrays]
@@ -273,9 +277,10 @@ class Specialization:
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
         # a bool the caller gave may hold any byte (a view of other bits), which jax.jit keeps;
         # compiled in, it is 0 or 1
-        given_bools = isinstance(self.program.folding_program, AsGiven) and any(
-            c.dtype == np.bool_ for c in self.consts)
-        return local and not given_bools and inlinable(self.consts)
+        as_given = self.program.folding_program
+        given = isinstance(as_given, AsGiven) and (not as_given.folds_alike or any(
+            c.dtype == np.bool_ for c in self.consts))
+        return local and not given and inlinable(self.consts)
 
     @property
     def compiles_in(self) -> bool:

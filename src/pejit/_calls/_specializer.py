@@ -27,6 +27,7 @@ import numpy as np
 from .. import _compat
 from .._fold import _cost, _gc, _offload, _progress
 from .._fold._folding import replay
+from .._fold._primitives import folds_alike
 from .._fold._stats import FoldStats, Unfolded, label
 from . import _beside, _errors, _look, _persist
 from ._argnums import interleave, runner_signature
@@ -350,7 +351,7 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     ``per_value``: why each value would be traced again to fold (a
     :class:`~pejit._calls._program.PerValue` reason), which the report gives."""
     jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
-    as_given = AsGiven(consts, seen.compile_in)
+    as_given = AsGiven(consts, seen.compile_in, folds_alike(seen.work.folded, rounding=True))
     stats = FoldStats(notes=list(seen.traced.notes))
     if per_value is not None:
         stats.notes.append(f"each new constant value would be traced and folded again ({per_value}), for too "

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from jax import dtypes
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
@@ -193,7 +194,10 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
     ``rounding``, on floats too: the same sum, rounded in another order), or of a
     :data:`FEW_ULPS` one on real floats alone, or a sort of one operand (equal
     elements are equal, whatever their order); but a conversion of floats to
-    integers (out of range, each implementation's own).
+    integers (out of range, each implementation's own), and none of types narrower
+    than a byte, which XLA's constant folding packs its own way (a ``float32``
+    bitcast to ``uint4`` folds to other nibbles than its kernel gives: JAX's
+    ``testBitcastConvertType``; so does ``jax.jit`` closed over the value).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -212,6 +216,8 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
     """
     for e in eqns:
         name = e.primitive.name
+        if any(map(_sub_byte, (*e.invars, *e.outvars))):
+            return False
         if name in CALLS or name in CUSTOM_CALLS:
             body = call_body(e.params)[0]
             if body is None or not folds_alike(body.eqns, rounding):
@@ -233,6 +239,14 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
 
 def _inexact(v) -> bool:
     return dtypes.issubdtype(v.aval.dtype, np.inexact)  # (JAX's: it knows a key's dtype)
+
+
+def _sub_byte(v) -> bool:
+    """Whether ``v`` is of a type narrower than a byte (``int4``, ``float4_e2m1fn``)."""
+    dtype = v.aval.dtype
+    if dtypes.issubdtype(dtype, np.integer):
+        return jnp.iinfo(dtype).bits < 8
+    return dtypes.issubdtype(dtype, np.floating) and jnp.finfo(dtype).bits < 8
 
 
 def fusible(prim, params: dict) -> bool:
