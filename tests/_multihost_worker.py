@@ -143,8 +143,7 @@ def run_cases() -> dict:
         ("inside_jit", lambda: jax.jit(lambda x: f(a, x))(x)),
     ):
         try:
-            call()
-            out[name] = None
+            out[name] = {"value": gathered(call())}
         except Exception as e:  # the test checks type and message
             out[name] = {"type": type(e).__name__, "message": str(e)}
     return out

@@ -207,7 +207,7 @@ def _unparam(v: Any) -> Any:
 
 def _class_path(cls: type) -> str:
     path = f"{cls.__module__}:{cls.__qualname__}"
-    if not cls.__module__.startswith(_TRUSTED) or "<" in cls.__qualname__:
+    if not _trusted(cls.__module__) or "<" in cls.__qualname__:
         raise Unencodable(f"a parameter of type {path}")
     return path
 
@@ -215,16 +215,21 @@ def _class_path(cls: type) -> str:
 def _singleton_path(v: Any) -> str:
     """``module:name`` of a module-level object of a ``jax`` module (``UNSPECIFIED``, an empty mesh)."""
     module = getattr(type(v), "__module__", "")
-    if module.startswith(_TRUSTED) and module in sys.modules:
+    if _trusted(module) and module in sys.modules:
         for name, obj in vars(sys.modules[module]).items():
             if obj is v and not name.startswith("__"):
                 return f"{module}:{name}"
     raise Unencodable(f"a parameter of type {type(v).__name__}")
 
 
+def _trusted(module: str) -> bool:
+    # jax itself too: JAX 0.12.1's jit names its inline mode jax.Inline (set_module("jax"))
+    return module == "jax" or module.startswith(_TRUSTED)
+
+
 def _module(name: str) -> Any:
     """An already imported ``jax`` module; nothing is imported."""
-    if not name.startswith(_TRUSTED) or name not in sys.modules:
+    if not _trusted(name) or name not in sys.modules:
         raise ValueError(f"{name} is not a loaded jax module")
     return sys.modules[name]
 
