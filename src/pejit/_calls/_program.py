@@ -275,8 +275,9 @@ class Specialization:
         too, which ``jax.jit`` compiles in as their key data)."""
         local = all(type(c) is np.ndarray or ((type(c) is _compat.ArrayImpl or _is_key(c)) and c.is_fully_addressable
                                               and len(c.sharding.device_set) == 1) for c in self.consts)
-        # a bool the caller gave may hold any byte (a view of other bits), which jax.jit keeps;
-        # compiled in, it is 0 or 1
+        # jax.jit's program compiles in no known work that XLA would fold its own way
+        # (AsGiven.folds_alike), and no bool the caller gave: it may hold any byte (a view
+        # of other bits), which jax.jit keeps; compiled in, it is 0 or 1
         as_given = self.program.folding_program
         given = isinstance(as_given, AsGiven) and (not as_given.folds_alike or any(
             c.dtype == np.bool_ for c in self.consts))
