@@ -158,3 +158,21 @@ def test_bitcast_to_a_type_narrower_than_a_byte():
     check(to_uint4, lambda: [x], rtol=0, atol=0)
     at_once = pejit(to_uint4, constant_argnums=0, fold_options=FoldOptions(beside=False))  # compiled in, if at all
     _close(at_once(x), jax.jit(to_uint4)(x), 0, 0)
+
+
+def test_bitcast_of_a_numpy_scalar_constant_to_a_type_narrower_than_a_byte():
+    # a NumPy scalar constant is a literal of the program (keyed by value, as a Python
+    # scalar), and XLA's constant folding of its bitcast to uint4 gives other nibbles
+    # than jax.jit given it as an argument: pejit folds that work itself
+    from pejit._fold._known import known_work
+
+    to_uint4 = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint4)  # noqa: E731
+    x = np.float32(-1.2345)
+    literal = jax.make_jaxpr(lambda: to_uint4(x))()
+    assert [e.primitive.name for e in known_work(literal, []).needed] == ["bitcast_convert_type"]
+    want = jax.jit(to_uint4)(x)
+    f = pejit(to_uint4, constant_argnums=0)
+    for _ in range(4):  # the first calls, and once any compile beside them is in
+        _close(f(x), want, 0, 0)
+    _close(pejit(x, constant_arg_nums=[0])(to_uint4)(), want, 0, 0)
+    assert known_work(jax.make_jaxpr(lambda: jnp.eye(3) + x)(), []).needed == ()  # XLA's to fold

@@ -156,7 +156,8 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     cannot be compiled (it must be evaluated), and one that calls custom rules on
     constants (their Python, which the estimate cannot read, may hold the work:
     a derivative's backward rule, say), and one whose fold a rule needs
-    (:data:`pejit._fold._known.needed_rules`).
+    (:data:`pejit._fold._known.needed_rules`) or whose work on literals XLA would
+    fold otherwise than its kernels compute it (``KnownWork.needed``).
 
     Where the known work is small, of primitives that XLA's constant folding
     computes as its kernels do (to the same bits, or elementwise functions of

@@ -21,7 +21,7 @@ from jax.extend.core import primitives as P
 from .. import _compat
 from ._cost import ZERO, Cost, fold_pays, fold_repays, jaxpr_cost, program_cost, seconds_of, stays_lazy
 from ._fold_rules import fold_rules
-from ._primitives import CALLBACKS, CALLS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, subjaxprs
+from ._primitives import CALLBACKS, CALLS, ELEMENTWISE, EXPANSIONS, FUSES_OPERANDS, sub_byte, subjaxprs
 from ._values import nbytes
 
 
@@ -37,7 +37,7 @@ class KnownWork(NamedTuple):
     total: Cost
     folded: tuple
     effects: tuple = ()
-    needed: tuple = ()  # equations whose fold rule must run (see needed_rules)
+    needed: tuple = ()  # equations pejit must fold (see needed_rules), or XLA would fold wrong (sub_byte)
     rewrites: tuple = ()
 
     def pays(self, min_gain: float) -> bool:
@@ -66,7 +66,10 @@ def known_work(jaxpr, known: Sequence[bool], *, lazy: bool = True, ratio: float 
     reads (dead, or an output) is saved too: the program would compute it on every
     call. A fold rule that rewrites an equation with known and unknown inputs adds
     what that saves (:data:`saving_rules`), and where JAX needs the rewrite, that it
-    must run (:data:`needed_rules`). ``effects`` are the effectful equations
+    must run (:data:`needed_rules`); so must the fold of work on literals alone that
+    XLA's constant folding would compute otherwise than its kernels (types narrower
+    than a byte: :func:`~pejit._fold._primitives.sub_byte`, as a NumPy scalar
+    constant, a literal of the program, bitcast to ``uint4``). ``effects`` are the effectful equations
     on known values alone, which stay.
 
     Examples:
@@ -121,6 +124,8 @@ class _Walk:
                 folded.extend(_stored(eqn, lazy))
             if all(states) and not effectful:
                 if KNOWN not in states:  # from literals alone: XLA folds it too (and it may stay lazy)
+                    if record and sub_byte(eqn):  # but packs these its own way: a NumPy scalar constant's bitcast
+                        self.needed.append(eqn)
                     static.update(eqn.outvars)
                     if self._lazy(eqn, lazy):
                         lazy.update((v, None) for v in eqn.outvars)

@@ -216,7 +216,7 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
     """
     for e in eqns:
         name = e.primitive.name
-        if any(map(_sub_byte, (*e.invars, *e.outvars))):
+        if sub_byte(e):
             return False
         if name in CALLS or name in CUSTOM_CALLS:
             body = call_body(e.params)[0]
@@ -241,8 +241,14 @@ def _inexact(v) -> bool:
     return dtypes.issubdtype(v.aval.dtype, np.inexact)  # (JAX's: it knows a key's dtype)
 
 
+def sub_byte(eqn) -> bool:
+    """Whether ``eqn`` reads or writes a type narrower than a byte (``int4``,
+    ``float4_e2m1fn``): XLA's constant folding packs those its own way, even from
+    literals alone (see :func:`folds_alike`)."""
+    return any(map(_sub_byte, (*eqn.invars, *eqn.outvars)))
+
+
 def _sub_byte(v) -> bool:
-    """Whether ``v`` is of a type narrower than a byte (``int4``, ``float4_e2m1fn``)."""
     dtype = v.aval.dtype
     if dtypes.issubdtype(dtype, np.integer):
         return jnp.iinfo(dtype).bits < 8
