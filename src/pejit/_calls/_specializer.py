@@ -130,7 +130,7 @@ def specialize(
         if compiled_in:
             if not spec.compilable_in:  # passed, XLA would not fold them: fold as asked
                 return fold_value()
-            spec.shown = _shown(fold_value)
+            spec.shown = _once_asked(fold_value)
         return spec
     # the named axes too: the trace may read them (lax.axis_size), as jax.jit's keys know
     skey = (nargs, where, const_tree, structure_key(const_leaves), in_tree, avals, _compat.axis_env_key())
@@ -198,17 +198,17 @@ def specialize(
     return Specialization(program, consts, time.perf_counter() - start)
 
 
-def _shown(fold: Callable[[], Specialization]) -> Callable[[], Specialization]:
+def _once_asked(fold: Callable[[], Specialization]) -> Callable[[], Specialization]:
     """``fold``, run once, when first asked (see ``Specialization.shown``): at top level
     and with room, as a specialization is built, whatever asks."""
 
     @functools.cache
     @_gc.pausing
-    def shown() -> Specialization:
+    def folded() -> Specialization:
         with specializing():
             return with_room(fold)
 
-    return shown
+    return folded
 
 
 def held(constants: Any) -> Any:
