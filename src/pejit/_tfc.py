@@ -76,20 +76,32 @@ class BoundPejitted:
         functools.update_wrapper(self, fun)
         # folded now, or beside the first calls (FoldOptions.beside), which run jax.jit's program
         spec = self._core.specialize(example_args, {}, settle=False)
-        self._call = self._core.dispatcher(n, self._full, bound=self._const)
-        if not jit:
-            return
-        if spec.pending is None:
-            self._inline(spec)
-        else:  # once folded (the cache has swapped the folded program in)
+        self._call = self._inlined(spec) if jit and spec.pending is None else None
+        if self._call is None:
+            self._call = self._core.dispatcher(n, self._full, bound=self._const)
+        if jit and spec.pending is not None:  # once folded (the cache has swapped the folded program in)
             _beside.when_ready(spec.pending, self._inline)
 
     def _inline(self, spec: Specialization) -> None:
-        """Make the call one ``jax.jit`` function, the residual compiled into it, where it can be."""
-        if _inlinable(self._core.info, self._const, spec):
-            call = self._core.dispatcher(self._n, self._full, bound=self._const)
-            call.__name__ = call.__qualname__ = self._core.info.name  # as jax.jit's messages name it
-            self._call = jax.jit(call)
+        call = self._inlined(spec)
+        if call is not None:
+            self._call = call
+
+    def _inlined(self, spec: Specialization) -> Callable | None:
+        """The call as one ``jax.jit`` function, the residual compiled into it, where it can be.
+
+        ``jax.jit`` traces it once per type of the arguments, and a trace is a call the
+        memo never serves: it goes to the path's ``uncached`` with no dispatcher
+        generated (half a millisecond of code generation a first call need not pay)."""
+        if not _inlinable(self._core.info, self._const, spec):
+            return None
+        core, full = self._core, self._full
+
+        def call(*args, **kwargs):
+            return core.uncached(full(args, kwargs), {})
+
+        call.__name__ = call.__qualname__ = core.info.name  # as jax.jit's messages name it
+        return jax.jit(call)
 
     # Like ``Pejitted``'s: the call is one generated (or jax.jit) function (C-level property).
     __call__ = property(operator.attrgetter("_call"))

@@ -54,6 +54,10 @@ class JitPath:
 
         return call
 
+    def uncached(self, args: tuple, kwargs: dict):
+        """A call of the full arguments, as a folding path's that its memo did not serve: ``jax.jit``'s."""
+        return self.dispatch(*args, **kwargs)
+
     # -- the staged API: jax.jit's -----------------------------------------
     def specialize(self, args: tuple, kwargs: dict, settle: bool = True) -> Specialization:
         """What a call runs: ``jax.jit``'s jaxpr, its closed-over values as the constants

@@ -183,9 +183,10 @@ class CallPath:
         staged = type(trace) is _compat.DynamicJaxprTrace
         if (trace is _compat.eval_trace or isinstance(trace, (StagingTrace, _compat.JaxprTrace))
                 or not self.info.fold_options.derivatives or (staged and (self._of_derivative or not self.info.jit))):
-            return spec.call(*dyn_args, **dyn_kwargs)
+            return (spec.staged_call if staged else spec.call)(*dyn_args, **dyn_kwargs)
         const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
-        return traced_call(self._derivative(), spec.call, const_pos, const_kw, dyn_args, dyn_kwargs)
+        call = spec.staged_call if staged else spec.call
+        return traced_call(self._derivative(), call, const_pos, const_kw, dyn_args, dyn_kwargs)
 
     def _derivative(self) -> CallPath:
         """The path of ``jax.jvp`` of this function, its argument 0 (this one's constants

@@ -206,7 +206,8 @@ class Specialization:
     residual program with the folded constants bound; it is a
     ``functools.partial`` of the runner, so that a cached call costs one
     C-level call on top of the runner's own ``jax.jit`` dispatch.
-    ``residual`` and ``report`` describe it (built on first use).
+    ``staged_call`` is what a call staged into an enclosing program runs (see
+    :meth:`compile_in`). ``residual`` and ``report`` describe it (built on first use).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -219,14 +220,14 @@ class Specialization:
       ['dot_general']
     """
 
-    __slots__ = ("program", "consts", "call", "fold_seconds", "_residual", "pending", "on_host", "shown",
-                 "__weakref__")
+    __slots__ = ("program", "consts", "call", "staged_call", "fold_seconds", "_residual", "pending", "on_host",
+                 "shown", "__weakref__")
 
     def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None,
                  pending: Any = None):
         self.program = program
         self.consts = consts
-        self.call = functools.partial(program.run, *self.passed)
+        self.call = self.staged_call = functools.partial(program.run, *self.passed)
         # the calls served with NumPy constants passed, None where none are (see served)
         self.on_host = 0 if any(isinstance(c, (np.ndarray, np.generic)) for c in self.passed) else None
         self.fold_seconds = fold_seconds
@@ -259,7 +260,7 @@ class Specialization:
             self.on_host = 1
             return False
         self.consts = [_host.to_jax(c) for c in self.consts]
-        self.call = functools.partial(self.program.run, *self.passed)
+        self.call = self.staged_call = functools.partial(self.program.run, *self.passed)
         self.on_host = None
         return True
 
@@ -317,7 +318,7 @@ class Specialization:
         """
         if self.compiles_in:
             self.program.compiled_in = True
-            self.call, self.on_host = self._constants_in(jit_kwargs), None
+            self._constants_in(jit_kwargs)
 
     def compile_in_beside(self, jit_kwargs: dict) -> Callable[[], Specialization]:
         """The work of ``compile_in`` for a worker, where this is ``jax.jit``'s program: a
@@ -331,11 +332,18 @@ class Specialization:
 
     def _compiled_in(self, jit_kwargs: dict) -> Specialization:
         spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
-        spec.call, spec.on_host = spec._constants_in(jit_kwargs), None
+        spec._constants_in(jit_kwargs)
         return spec
 
-    def _constants_in(self, jit_kwargs: dict) -> Callable:
-        """This value's program with its constants compiled in (see ``compile_in``)."""
+    def _constants_in(self, jit_kwargs: dict) -> None:
+        """Call this value's program with its constants compiled in (see ``compile_in``).
+
+        Staged into an enclosing program (``jax.jit``'s trace of the TFC form's
+        call, a user's ``jax.jit`` around the function), they are closed over as
+        they are, with no ``jax.jit`` of its own around them where its options are
+        a plain one's: the enclosing program compiles them in, and a nested
+        program is one more to trace, lower and compile (a few milliseconds of a
+        small program's first call)."""
         if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, called inside: its trace serves
             run, consts = self.program.run, self.passed
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
@@ -345,7 +353,8 @@ class Specialization:
             return run(*consts, *args, **kwargs)
 
         residual.__name__ = residual.__qualname__ = getattr(run, "__name__", "residual")
-        return jax.jit(residual, **jit_kwargs)
+        self.call, self.on_host = jax.jit(residual, **jit_kwargs), None
+        self.staged_call = self.call if jit_kwargs else residual
 
     @property
     def run(self) -> Callable:
