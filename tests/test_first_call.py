@@ -19,6 +19,7 @@ from pejit import FoldOptions, pe, pejit
 from pejit._calls import _beside, _path
 from pejit._calls._cache import NO_MEMO
 from pejit._calls._program import AsGiven, FoldingProgram, Specialization, _holds_python
+from pejit._fold._primitives import call_body
 from pejit._jit import call_path
 
 from ._util import Compiles, f32_products, in_room, primitive_names
@@ -365,6 +366,36 @@ def test_the_tfc_form_compiles_in_what_xla_folds_and_lowers_the_fold_asked_for()
     np.testing.assert_allclose(lowered.compile()(xi), out, rtol=1e-6)
     assert spec.shown.cache_info().currsize == 1
     assert bound.specialize(xi) is spec  # the call still runs jax.jit's program
+
+
+def _calls_to_the_work(jaxpr) -> list[str]:
+    """The calls from ``jaxpr`` down to the program's work, each the one equation of its caller."""
+    names = []
+    while len(jaxpr.eqns) == 1 and call_body(jaxpr.eqns[0].params)[0] is not None:
+        names.append(jaxpr.eqns[0].primitive.name.replace("pjit", "jit"))  # (its name before JAX 0.7.1)
+        jaxpr = call_body(jaxpr.eqns[0].params)[0]
+    return names
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_the_tfc_forms_inlined_call_stages_the_derivative_rule_around_jax_jits_program(monkeypatch):
+    # jax.jit's trace of the call stages the derivative rule's custom_jvp call around the
+    # program with the constants compiled in, which it closes over itself: no jax.jit of
+    # their own between (a nested program to trace, lower and compile), and no dispatcher
+    # generated for that trace, which the memo never serves
+    generated = []
+    real = _path.CallPath._generate
+    monkeypatch.setattr(_path.CallPath, "_generate", lambda self, *a, **k: generated.append(a) or real(self, *a, **k))
+    x, xi = np.linspace(0.1, 0.9, 16, dtype=np.float32), jnp.ones(3)
+    x.flags.writeable = False  # as TFC's grids: nobody can change it, so the call is one jax.jit function
+    bound = pejit(x, xi, constant_arg_nums=[0])(_basis)
+    assert bound.specialize(xi).program.compiled_in and isinstance(bound.__call__, type(jax.jit(_basis)))
+    calls = _calls_to_the_work(jax.make_jaxpr(bound)(xi).jaxpr)
+    assert calls[calls.index("custom_jvp_call"):] == ["custom_jvp_call", "jit"]  # jax.jit's program, the work
+    np.testing.assert_allclose(bound(xi), jax.jit(_basis)(x, xi), rtol=1e-6)
+    assert not generated
+    dx = jax.jacfwd(bound)(xi)  # the rule folds the derivative: the basis itself
+    np.testing.assert_allclose(dx, jax.jacfwd(jax.jit(_basis), argnums=1)(x, xi), rtol=1e-6)
 
 
 def test_the_tfc_form_folds_what_it_cannot_compile_in(monkeypatch):

@@ -178,14 +178,16 @@ class CallPath:
         a ``jax.checkpoint`` or a loop body, which JAX partially evaluates as a whole: a
         ``custom_jvp`` call there would keep its outputs unknown), nor for ``pe`` staged into
         a jaxpr: ``jax.make_jaxpr`` of it shows its residual program, as of TFC's ``pe``
-        (its derivatives under ``jax.grad`` or ``jax.jacfwd`` still fold)."""
+        (its derivatives under ``jax.grad`` or ``jax.jacfwd`` still fold). Staged into a
+        jaxpr, the residual is ``spec.staged_call``, whose constants the enclosing program
+        compiles in."""
         trace = _compat.TRACE.value
         staged = type(trace) is _compat.DynamicJaxprTrace
+        call = spec.staged_call if staged else spec.call
         if (trace is _compat.eval_trace or isinstance(trace, (StagingTrace, _compat.JaxprTrace))
                 or not self.info.fold_options.derivatives or (staged and (self._of_derivative or not self.info.jit))):
-            return (spec.staged_call if staged else spec.call)(*dyn_args, **dyn_kwargs)
+            return call(*dyn_args, **dyn_kwargs)
         const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
-        call = spec.staged_call if staged else spec.call
         return traced_call(self._derivative(), call, const_pos, const_kw, dyn_args, dyn_kwargs)
 
     def _derivative(self) -> CallPath:
