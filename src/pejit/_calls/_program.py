@@ -207,7 +207,7 @@ class Specialization:
     ``functools.partial`` of the runner, so that a cached call costs one
     C-level call on top of the runner's own ``jax.jit`` dispatch.
     ``staged_call`` is what a call staged into an enclosing program runs (see
-    :meth:`compile_in`). ``residual`` and ``report`` describe it (built on first use).
+    ``compile_in``). ``residual`` and ``report`` describe it (built on first use).
 
     Examples:
       >>> import jax.numpy as jnp
