@@ -343,9 +343,14 @@ class Specialization:
         they are, with no ``jax.jit`` of its own around them where its options are
         a plain one's: the enclosing program compiles them in, and a nested
         program is one more to trace, lower and compile (a few milliseconds of a
-        small program's first call)."""
+        small program's first call). For the same reason ``jax.jit``'s own program
+        is spliced in, not called (``inline=True``), in the call-time form's first
+        value too; the trace it finds is the look's, which JAX keeps by function,
+        whatever ``inline`` says."""
         if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, called inside: its trace serves
             run, consts = self.program.run, self.passed
+            if not jit_kwargs:
+                run = jax.jit(run.__wrapped__, inline=True)
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
             run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
 
