@@ -15,7 +15,7 @@ and outside the compile. A third variant keeps the constants out of the
 program (``FoldOptions(literals=False)``): what compiling them in, as
 ``jax.jit`` compiles the arrays a function closes over, adds to the first
 call (it is what makes later calls as fast as ``jax.jit``'s with them closed
-over).
+over). A fourth is the TFC form, made on the clock before its first call.
 
 With ``--fresh`` each variant's first call runs in a process of its own, as
 a user's script meets it: it then also pays what a first call runs for the
@@ -76,7 +76,9 @@ def first_call(make, fun, *args) -> tuple[float, float]:
 
 
 VARIANTS = {"jax.jit": jax.jit, "pejit": lambda f: pejit(f, constant_argnums=0),
-            "pejit, literals=False": lambda f: pejit(f, constant_argnums=0, fold_options=FoldOptions(literals=False))}
+            "pejit, literals=False": lambda f: pejit(f, constant_argnums=0, fold_options=FoldOptions(literals=False)),
+            # made on the clock, as a TFC user's script makes it before its first call
+            "pejit, TFC form": lambda f: lambda x, y: pejit(x, y, constant_arg_nums=[0])(f)(y)}
 
 
 def _arguments(r: int, numpy: bool) -> tuple:
@@ -116,7 +118,7 @@ def main(argv=None) -> None:
         times: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
         for r in range(args.rounds):
             order = list(VARIANTS)
-            for v in order[r % 3:] + order[: r % 3]:
+            for v in order[r % len(order):] + order[: r % len(order)]:
                 times[v].append(run(name, v, r, args.numpy))
         jit = times["jax.jit"]
         parts = [f"{name}: jax.jit {_ms(jit, _total)} ({_ms(jit, _outside)} outside the compile)"]
