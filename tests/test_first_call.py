@@ -22,7 +22,7 @@ from pejit._calls._program import AsGiven, FoldingProgram, Specialization, _hold
 from pejit._fold._primitives import call_body
 from pejit._jit import call_path
 
-from ._util import Compiles, f32_products, in_room, primitive_names
+from ._util import Compiles, Counter, f32_products, in_room, primitive_names
 
 rng = np.random.default_rng(0)
 BIG = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
@@ -80,18 +80,16 @@ def test_small_work_on_small_constants_is_left_to_xla_with_them_compiled_in(besi
     # a nanmin of 200 constants saves a share of a call: XLA folds it as it compiles them in,
     # as jax.jit does for the arrays a function closes over, with no folding program; beside
     # the first calls, which run jax.jit's program, the constants passed, as jax.jit compiles it
-    traces = []
-
     def shifted(a, x):
-        traces.append(a)
         return x - jnp.nanmin(a)
 
     a, x = jnp.asarray(rng.standard_normal(200), jnp.float32), jnp.ones(8)
-    f = pejit(shifted, constant_argnums=0, fold_options=FoldOptions(beside=beside))
+    counted = Counter(shifted)
+    f = pejit(counted, constant_argnums=0, fold_options=FoldOptions(beside=beside))
     with Compiles() as compiles:
         out = f(a, x)
         spec = f.specialize(a, x)  # (once compiled in)
-    assert len(traces) == 1  # jax.jit's trace serves the program its constants are compiled into
+    assert counted.calls == 1  # jax.jit's trace serves the program its constants are compiled into
     caller = threading.current_thread().name
     assert [where for _, where in compiles.where].count(caller) == 1  # one program before the first result
     assert compiles.count == 1 + (beside and _beside.possible())  # and the one compiled in, beside it
@@ -100,8 +98,7 @@ def test_small_work_on_small_constants_is_left_to_xla_with_them_compiled_in(besi
     assert "XLA folds them" in str(f.report(a, x))
     # jax.jit's program spliced in, not called: the functions of jax.jit's, closed over them
     lowered = spec.call.lower(x)
-    closed_over = jax.jit(functools.partial(shifted, a)).lower(x)
-    assert lowered.as_text().count("func.func") == closed_over.as_text().count("func.func")
+    assert _functions(lowered) == _functions(jax.jit(functools.partial(shifted, a)).lower(x))
     hlo = lowered.compile().as_text()  # XLA folded the reduction: no reduce is left
     assert "reduce(" not in hlo and "minimum" not in hlo
     b = a + 1.0  # another value of the structure: jax.jit's program, the constants passed
@@ -376,6 +373,11 @@ def test_the_tfc_form_compiles_in_what_xla_folds_and_lowers_the_fold_asked_for()
     assert bound.specialize(xi) is spec  # the call still runs jax.jit's program
 
 
+def _functions(lowered) -> int:
+    """How many functions a lowered program has: one per nested program JAX did not inline."""
+    return lowered.as_text().count("func.func")
+
+
 def _calls_to_the_work(jaxpr) -> list[str]:
     """The calls from ``jaxpr`` down to the program's work, each the one equation of its caller."""
     names = []
@@ -403,8 +405,7 @@ def test_the_tfc_forms_inlined_call_stages_the_derivative_rule_around_jax_jits_p
     assert "custom_jvp_call" in calls
     # jax.jit's program, the work, spliced into the call's (from JAX 0.11, a jit equation
     # that JAX inlines as it lowers): the functions of jax.jit's, closed over the constants
-    closed_over = jax.jit(functools.partial(_basis, x)).lower(xi)
-    assert bound.__call__.lower(xi).as_text().count("func.func") == closed_over.as_text().count("func.func")
+    assert _functions(bound.__call__.lower(xi)) == _functions(jax.jit(functools.partial(_basis, x)).lower(xi))
     np.testing.assert_allclose(bound(xi), jax.jit(_basis)(x, xi), rtol=1e-6)
     assert not generated
     dx = jax.jacfwd(bound)(xi)  # the rule folds the derivative: the basis itself

@@ -347,7 +347,7 @@ class Specialization:
         is spliced in, not called (``inline=True``), in the call-time form's first
         value too; the trace it finds is the look's, which JAX keeps by function,
         whatever ``inline`` says."""
-        if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, called inside: its trace serves
+        if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, inside: its trace serves
             run, consts = self.program.run, self.passed
             if not jit_kwargs:
                 run = jax.jit(run.__wrapped__, inline=True)
