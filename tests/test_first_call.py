@@ -388,12 +388,13 @@ def _calls_to_the_work(jaxpr) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
-def test_the_tfc_forms_inlined_call_stages_the_derivative_rule_around_jax_jits_program(monkeypatch):
-    # jax.jit's trace of the call stages the derivative rule's custom_jvp call around the
-    # program with the constants compiled in, which it closes over itself: no jax.jit of
-    # their own between, and jax.jit's program spliced in, not nested (a nested program is
-    # one more to trace, lower and compile), and no dispatcher generated for that trace,
-    # which the memo never serves
+def test_the_tfc_forms_inlined_call_is_jax_jits_program_closed_over_the_constants(monkeypatch):
+    # jax.jit's trace of the call stages jax.jit's program closed over the constants, as
+    # jax.jit of the function closed over them stages it: no jax.jit of their own between,
+    # jax.jit's program spliced in, not nested (a nested program is one more to trace,
+    # lower and compile), no derivative rule (JAX differentiates it, and XLA folds the
+    # constants' work of its derivatives as it compiles them), and no dispatcher generated
+    # for that trace, which the memo never serves
     generated = []
     real = _path.CallPath._generate
     monkeypatch.setattr(_path.CallPath, "_generate", lambda self, *a, **k: generated.append(a) or real(self, *a, **k))
@@ -401,15 +402,32 @@ def test_the_tfc_forms_inlined_call_stages_the_derivative_rule_around_jax_jits_p
     x.flags.writeable = False  # as TFC's grids: nobody can change it, so the call is one jax.jit function
     bound = pejit(x, xi, constant_arg_nums=[0])(_basis)
     assert bound.specialize(xi).program.compiled_in and isinstance(bound.__call__, type(jax.jit(_basis)))
-    calls = _calls_to_the_work(jax.make_jaxpr(bound)(xi).jaxpr)
-    assert "custom_jvp_call" in calls
+    closed = jax.jit(functools.partial(_basis, x))
+    assert "custom_jvp_call" not in primitive_names(jax.make_jaxpr(bound)(xi).jaxpr)
     # jax.jit's program, the work, spliced into the call's (from JAX 0.11, a jit equation
     # that JAX inlines as it lowers): the functions of jax.jit's, closed over the constants
-    assert _functions(bound.__call__.lower(xi)) == _functions(jax.jit(functools.partial(_basis, x)).lower(xi))
+    assert _functions(bound.__call__.lower(xi)) == _functions(closed.lower(xi))
     np.testing.assert_allclose(bound(xi), jax.jit(_basis)(x, xi), rtol=1e-6)
     assert not generated
-    dx = jax.jacfwd(bound)(xi)  # the rule folds the derivative: the basis itself
-    np.testing.assert_allclose(dx, jax.jacfwd(jax.jit(_basis), argnums=1)(x, xi), rtol=1e-6)
+    for derivative in (jax.jacfwd, jax.jacrev):
+        assert "custom_jvp_call" not in primitive_names(jax.make_jaxpr(derivative(bound))(xi).jaxpr)
+        np.testing.assert_allclose(derivative(bound)(xi), derivative(jax.jit(_basis), argnums=1)(x, xi), rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_jax_jits_program_compiled_in_stages_as_jax_jit_closed_over():
+    # the call-time form staged into a user's jax.jit, where jax.jit's own program serves
+    # with the constants compiled in: the enclosing program is jax.jit's of the function
+    # closed over them, and its derivatives are JAX's, equal to jax.jit's
+    x, xi = jnp.linspace(0.1, 0.9, 16), jnp.ones(3)
+    f = pejit(_basis, constant_argnums=0)
+    outer = jax.jit(lambda xi: f(x, xi))
+    assert f.specialize(x, xi).jax_jit_in
+    assert "custom_jvp_call" not in primitive_names(jax.make_jaxpr(outer)(xi).jaxpr)
+    closed = jax.jit(functools.partial(_basis, x))
+    assert _functions(outer.lower(xi)) == _functions(closed.lower(xi))
+    loss = lambda g: lambda xi: jnp.sum(jnp.sin(g(xi)))  # noqa: E731
+    np.testing.assert_allclose(jax.grad(loss(outer))(xi), jax.grad(loss(closed))(xi), rtol=1e-6)
 
 
 def test_the_tfc_form_folds_what_it_cannot_compile_in(monkeypatch):

@@ -180,12 +180,18 @@ class CallPath:
         a jaxpr: ``jax.make_jaxpr`` of it shows its residual program, as of TFC's ``pe``
         (its derivatives under ``jax.grad`` or ``jax.jacfwd`` still fold). Staged into a
         jaxpr, the residual is ``spec.staged_call``, whose constants the enclosing program
-        compiles in."""
+        compiles in; where that is ``jax.jit``'s own program (``spec.jax_jit_in``: the
+        fold did not pay, and XLA folds the constants' work as it compiles), it stages as
+        ``jax.jit`` closed over them would, with no rule: whatever differentiates the
+        enclosing program differentiates it as JAX does, its constants' work folded by
+        XLA the same way, and the first call (the TFC form's inlined one) does not trace,
+        lower and compile a ``custom_jvp`` call (a millisecond of a small program's)."""
         trace = _compat.TRACE.value
         staged = type(trace) is _compat.DynamicJaxprTrace
         call = spec.staged_call if staged else spec.call
         if (trace is _compat.eval_trace or isinstance(trace, (StagingTrace, _compat.JaxprTrace))
-                or not self.info.fold_options.derivatives or (staged and (self._of_derivative or not self.info.jit))):
+                or not self.info.fold_options.derivatives
+                or (staged and (self._of_derivative or not self.info.jit or spec.jax_jit_in))):
             return call(*dyn_args, **dyn_kwargs)
         const_pos, const_kw, _, _ = split_call(self.info, args, kwargs, layout)
         return traced_call(self._derivative(), call, const_pos, const_kw, dyn_args, dyn_kwargs)

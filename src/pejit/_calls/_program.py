@@ -221,7 +221,7 @@ class Specialization:
     """
 
     __slots__ = ("program", "consts", "call", "staged_call", "fold_seconds", "_residual", "pending", "on_host",
-                 "shown", "__weakref__")
+                 "shown", "jax_jit_in", "__weakref__")
 
     def __init__(self, program: Program, consts: list, fold_seconds: float, residual: Residual | None = None,
                  pending: Any = None):
@@ -240,6 +240,8 @@ class Specialization:
         # work): the fold that lower() and trace() show, as asked, folded when first
         # called (see pejit._calls._specializer.specialize); else None
         self.shown: Callable[[], Specialization] | None = None
+        # staged_call is jax.jit's own program, its constants compiled in (see _constants_in)
+        self.jax_jit_in = False
 
     def served(self) -> bool:
         """A call of this specialization has its result: whether it may serve the next
@@ -346,11 +348,14 @@ class Specialization:
         small program's first call). For the same reason ``jax.jit``'s own program
         is spliced in, not called (``inline=True``), in the call-time form's first
         value too; the trace it finds is the look's, which JAX keeps by function,
-        whatever ``inline`` says."""
+        whatever ``inline`` says. Staged so (``jax_jit_in``), the call is ``jax.jit``
+        closed over the constants, and is differentiated as that is, by JAX (see
+        ``pejit._calls._path.CallPath._run``)."""
         if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, inside: its trace serves
             run, consts = self.program.run, self.passed
             if not jit_kwargs:
                 run = jax.jit(run.__wrapped__, inline=True)
+                self.jax_jit_in = True
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
             run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
 
