@@ -133,6 +133,21 @@ def test_a_rule_closing_over_a_constant_keeps_jax_jits_program_where_the_fold_sa
                                    rtol=1e-4, atol=1e-6)
 
 
+def test_staged_where_a_rule_closes_over_a_constant_pejits_derivative_rule_stays():
+    # jax.jit's program, its constants compiled in, is staged as jax.jit closed over them
+    # would stage it, with no derivative rule (Specialization.jax_jit_in), except where
+    # its rule closes over the look's tracer of the constant: JAX must not run that rule
+    f = pejit(functools.partial(_scaled_by_a_rule, traces=[]), constant_argnums=0)
+    plain = functools.partial(_scaled_by_a_rule, traces=[])
+    x = jnp.asarray(rng.standard_normal((512, 512)) / 16, jnp.float32)
+    a = jnp.tile(SMALL, (4, 4))
+    with f32_products():
+        spec = f.specialize(a, x)
+        assert spec.program.compiled_in and spec.program.rules_close_over_constants and not spec.jax_jit_in
+        grad = jax.grad(jax.jit(lambda x: f(a, x)[0, 0]))(x)
+        np.testing.assert_allclose(grad, jax.grad(lambda x: plain(a, x)[0, 0])(x), rtol=1e-4, atol=1e-6)
+
+
 def test_work_without_a_lowering_folds_whatever_it_saves():
     # a primitive with only an impl cannot stay in a compiled program
     from jax.extend.core import Primitive

@@ -240,7 +240,8 @@ class Specialization:
         # work): the fold that lower() and trace() show, as asked, folded when first
         # called (see pejit._calls._specializer.specialize); else None
         self.shown: Callable[[], Specialization] | None = None
-        # staged_call is jax.jit's own program, its constants compiled in (see _constants_in)
+        # staged_call is jax.jit's own program, its constants compiled in, that JAX may
+        # differentiate (see _constants_in)
         self.jax_jit_in = False
 
     def served(self) -> bool:
@@ -355,7 +356,8 @@ class Specialization:
             run, consts = self.program.run, self.passed
             if not jit_kwargs:
                 run = jax.jit(run.__wrapped__, inline=True)
-                self.jax_jit_in = True
+                # (not where its custom rules close over the look's tracers: JAX must not run them)
+                self.jax_jit_in = not self.program.rules_close_over_constants
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
             run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
 
