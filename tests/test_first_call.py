@@ -19,7 +19,6 @@ from pejit import FoldOptions, pe, pejit
 from pejit._calls import _beside, _path
 from pejit._calls._cache import NO_MEMO
 from pejit._calls._program import AsGiven, FoldingProgram, Specialization, _holds_python
-from pejit._fold._primitives import call_body
 from pejit._jit import call_path
 
 from ._util import Compiles, Counter, f32_products, in_room, primitive_names
@@ -378,15 +377,6 @@ def _functions(lowered) -> int:
     return lowered.as_text().count("func.func")
 
 
-def _calls_to_the_work(jaxpr) -> list[str]:
-    """The calls from ``jaxpr`` down to the program's work, each the one equation of its caller."""
-    names = []
-    while len(jaxpr.eqns) == 1 and call_body(jaxpr.eqns[0].params)[0] is not None:
-        names.append(jaxpr.eqns[0].primitive.name.replace("pjit", "jit"))  # (its name before JAX 0.7.1)
-        jaxpr = call_body(jaxpr.eqns[0].params)[0]
-    return names
-
-
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
 def test_the_tfc_forms_inlined_call_is_jax_jits_program_closed_over_the_constants(monkeypatch):
     # jax.jit's trace of the call stages jax.jit's program closed over the constants, as
@@ -426,7 +416,7 @@ def test_jax_jits_program_compiled_in_stages_as_jax_jit_closed_over():
     assert "custom_jvp_call" not in primitive_names(jax.make_jaxpr(outer)(xi).jaxpr)
     closed = jax.jit(functools.partial(_basis, x))
     assert _functions(outer.lower(xi)) == _functions(closed.lower(xi))
-    loss = lambda g: lambda xi: jnp.sum(jnp.sin(g(xi)))  # noqa: E731
+    loss = lambda g: lambda xi: jnp.sum(jnp.sin(g(xi)))
     np.testing.assert_allclose(jax.grad(loss(outer))(xi), jax.grad(loss(closed))(xi), rtol=1e-6)
 
 
