@@ -113,6 +113,12 @@ class Compiles:
             unregister(self._listen)
 
 
+class Traces(Compiles):
+    """Counts ``jax.jit`` traces (JAX's public monitoring events)."""
+
+    EVENT = "/jax/core/compile/jaxpr_trace_duration"
+
+
 def x64():
     """A context in which JAX computes in 64 bits (``jax.enable_x64``, public since 0.8)."""
     return (jax.enable_x64 if hasattr(jax, "enable_x64") else jax.experimental.enable_x64)(True)

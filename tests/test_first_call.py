@@ -21,7 +21,7 @@ from pejit._calls._cache import NO_MEMO
 from pejit._calls._program import AsGiven, FoldingProgram, Specialization, _holds_python
 from pejit._jit import call_path
 
-from ._util import Compiles, Counter, f32_products, in_room, primitive_names
+from ._util import Compiles, Counter, Traces, f32_products, in_room, primitive_names
 
 rng = np.random.default_rng(0)
 BIG = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
@@ -402,6 +402,27 @@ def test_the_tfc_forms_inlined_call_is_jax_jits_program_closed_over_the_constant
     for derivative in (jax.jacfwd, jax.jacrev):
         assert "custom_jvp_call" not in primitive_names(jax.make_jaxpr(derivative(bound))(xi).jaxpr)
         np.testing.assert_allclose(derivative(bound)(xi), derivative(jax.jit(_basis), argnums=1)(x, xi), rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_the_tfc_forms_first_call_traces_the_function_once_as_jax_jit_closed_over():
+    # where its constants are compiled in, the TFC form's call is the jax.jit function its
+    # look traced, closed over them: made and called, it traces once, as jax.jit's first
+    # call does; a call of other types specializes for them, as jax.jit traces again
+    x, xi = jnp.linspace(0.1, 0.9, 16), jnp.ones(3)
+    with Traces() as traces:
+        bound = pejit(x, xi, constant_arg_nums=[0])(lambda x, xi: _basis(x, xi))
+        got = bound(xi)
+    with Traces() as jit_traces:
+        want = jax.jit(lambda xi: _basis(x, xi))(xi)
+    assert traces.count == jit_traces.count == 1
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert bound.specialize(xi).program.compiled_in and bound.specialize(xi).jax_jit_in
+    xis = jnp.ones((3, 2))
+    np.testing.assert_allclose(bound(xis), jax.jit(_basis)(x, xis), rtol=1e-6)
+    assert bound.specialize(xis).program is not bound.specialize(xi).program
+    with pytest.raises(TypeError, match="takes 1 positional argument"):
+        bound(xi, xi)
 
 
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")

@@ -74,6 +74,8 @@ class BoundPejitted:
             constant_argnums=tuple(self._const), jit=jit, fold_options=fold_options, one_value=True, **jit_kwargs,
         ))
         functools.update_wrapper(self, fun)
+        if jit and _plain(self._core.info, self._const):  # its look traces jax.jit closed over them
+            self._core.retrace = self._retrace
         # folded now, or beside the first calls (FoldOptions.beside), which run jax.jit's program
         spec = self._core.specialize(example_args, {}, settle=False)
         self._call = self._inlined(spec) if jit and spec.pending is None else None
@@ -92,9 +94,15 @@ class BoundPejitted:
 
         ``jax.jit`` traces it once per type of the arguments, and a trace is a call the
         memo never serves: it goes to the path's ``uncached`` with no dispatcher
-        generated (half a millisecond of code generation a first call need not pay)."""
-        if not _inlinable(self._core.info, self._const, spec):
+        generated (half a millisecond of code generation a first call need not pay).
+        Where the look traced ``jax.jit`` of the function closed over the constants
+        (``jax.Array``s: see :func:`pejit._calls._look.trace`) and they are compiled
+        in as they are, the call is that function: its first call traces nothing more,
+        and a call of other types specializes for them (:meth:`_retrace`)."""
+        if not (_plain(self._core.info, self._const) and spec.compilable_in):
             return None
+        if spec.jax_jit_in and not spec.passed:  # the look's jax.jit, closed over them (see _retrace)
+            return spec.call
         core, full = self._core, self._full
 
         def call(*args, **kwargs):
@@ -102,6 +110,11 @@ class BoundPejitted:
 
         call.__name__ = call.__qualname__ = core.info.name  # as jax.jit's messages name it
         return jax.jit(call)
+
+    def _retrace(self, args: tuple, kwargs: dict):
+        """A call of other types (or an error) that ``jax.jit``'s program traced closed over the
+        constants stages: specialized for them, as the call that ``_inlined`` builds stages it."""
+        return self._core.uncached(self._full(args, kwargs), {}, latest=False)
 
     # Like ``Pejitted``'s: the call is one generated (or jax.jit) function (C-level property).
     __call__ = property(operator.attrgetter("_call"))
@@ -145,14 +158,14 @@ class BoundPejitted:
         return f"<{self._core!r} with constants at {list(self._const)}>"
 
 
-def _inlinable(info, constants: dict, spec: Specialization) -> bool:
+def _plain(info, constants: dict) -> bool:
     """Whether the TFC form's call can be one ``jax.jit`` function (see
-    :class:`BoundPejitted`): its options are a plain ``jax.jit``'s (no static,
-    donated or placed arguments), nobody can change its ``constants``, and
-    the folded ones can be compiled in (``Specialization.compilable_in``)."""
+    :class:`BoundPejitted`) where the folded constants can be compiled in
+    (``Specialization.compilable_in``): its options are a plain ``jax.jit``'s (no
+    static, donated or placed arguments), and nobody can change its ``constants``."""
     plain = (info.fixed_nums == frozenset(constants) and not (info.fixed_names or info.donate_nums or info.donate_names)
              and not info.jit_kwargs and info.constant_shardings is None)
-    return plain and all(map(unchangeable, constants.values())) and spec.compilable_in
+    return plain and all(map(unchangeable, constants.values()))
 
 
 def core_call(bound: BoundPejitted, args: tuple, kwargs: dict | None = None) -> tuple[CallPath | JitPath, list]:

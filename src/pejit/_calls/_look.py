@@ -57,13 +57,17 @@ class Traced:
     jaxpr: ClosedJaxpr
     out_tree: Any
     arrays: int  # how many leading inputs are constant arrays
-    run: Callable
+    run: Callable | None  # None where the trace closed over them (``closed_run``)
     notes: tuple = ()  # what the trace noted for the report (``_stats.note``): a fold of it replays no Python
+    # ``closed_run(*dynamic arguments, **dynamic keywords)``: the jax.jit function that traced
+    # it closed over the constant arrays, where it did (see ``trace``'s ``retrace``)
+    closed_run: Callable | None = None
 
 
 def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any],
           jit_kwargs: dict | None = None, dynamic: tuple | None = None, name: str = "plain",
-          signature: inspect.Signature | None = None) -> Traced | PerValue:
+          signature: inspect.Signature | None = None,
+          retrace: Callable[[tuple, dict], Any] | None = None) -> Traced | PerValue:
     """The function (``bind(const_vals, in_tree, out_trees)``, a function of the flat
     dynamic leaves) traced by ``jax.jit`` (with ``jit_kwargs``) with its constant arrays
     abstract, or why each value must be traced concretely (the trace needs their values).
@@ -72,6 +76,16 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     ``name`` and ``signature`` (the constant arrays' parameters, then the dynamic ones:
     :func:`~pejit._calls._argnums.runner_signature`) name the program and its arguments,
     as the user's function names them under ``jax.jit``.
+
+    With ``retrace`` (constants that never change: the TFC form's, :func:`closable`), the
+    function is traced as ``jax.jit`` closed over the constant arrays traces it, the arrays
+    becoming the jaxpr's constants, which ``Traced.jaxpr`` then takes as its leading
+    inputs again (:func:`_constants_as_inputs`): the decisions and the fold see the
+    program they see otherwise, and where the constants are compiled in, that
+    ``jax.jit`` function is the program (``Traced.closed_run``), its trace this one,
+    so that the first call traces the function once, as ``jax.jit``'s does. A trace
+    of it for other dynamic types (a call with new shapes) is
+    ``retrace(dyn_args, dyn_kwargs)``, the owner's call, which specializes for them.
 
     Any failure counts, since JAX reports a missing value in many ways
     (``ConcretizationTypeError``, but also ``TypeError`` for shapes and
@@ -85,17 +99,21 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     statics = [None if a else leaf for leaf, a in zip(const_leaves, is_arrays)]
     out_trees: list = []
     traces: list = []
+    passed = len(arrays) if retrace is None else 0  # else closed over
 
     types = [_type(a) for a in avals]
 
     def plain(*args, **kwargs):
-        traces.append(weakref.ref(_compat.core_trace()))
-        leaves, tree = jax.tree_util.tree_flatten((args[len(arrays):], kwargs))
+        traces[:] = [weakref.ref(_compat.core_trace())]
+        leaves, tree = jax.tree_util.tree_flatten((args[passed:], kwargs))
         if tree != in_tree or [_type(jax.typeof(leaf)) for leaf in leaves] != types:
+            if retrace is not None:
+                return retrace(args, kwargs)
             raise OtherSignature(f"this program was traced for dynamic arguments of structure {in_tree}, "
                                  f"called with {tree}: call the pejit function, which specializes again")
-        it = iter(args[: len(arrays)])
+        it = iter(arrays if retrace is not None else args[:passed])
         vals = jax.tree_util.tree_unflatten(const_tree, [next(it) if a else s for s, a in zip(statics, is_arrays)])
+        out_trees.clear()  # (one per trace: jax.disable_jit calls it on every call)
         outs = bind(vals, in_tree, out_trees)(*leaves)
         return jax.tree_util.tree_unflatten(out_trees[-1], outs)
 
@@ -108,18 +126,42 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
             dynamic = jax.tree_util.tree_unflatten(in_tree, [_struct(a) for a in avals])
         mark = _gc.collections()
         with noting([]) as notes:
-            traced = run.trace(*arrays, *dynamic[0], **dynamic[1])
+            traced = run.trace(*arrays[:passed], *dynamic[0], **dynamic[1])
     except ClosedOverTracer:  # no value would help
         raise
     except Exception as e:  # noqa: BLE001 -- see above
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})")
     closed = traced.jaxpr
-    traced = Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))
+    if retrace is None:
+        traced = Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))
+    else:
+        traced = Traced(_constants_as_inputs(closed, arrays), out_trees[-1], len(arrays), None, tuple(notes), run)
     reason = why_per_value(closed.jaxpr, traces, mark)
     if reason is not None:  # jax.jit's program still serves while a value folds beside it
         return PerValue(reason, traced if evaluates_no_tracer(closed.jaxpr) else None)
     return traced
+
+
+def closable(arrays: Sequence[Any]) -> bool:
+    """Whether ``trace`` can close over the constant ``arrays``: ``jax.Array``s, which JAX makes
+    the jaxpr's constants as they are (a NumPy array becomes a constant of its own)."""
+    return all(isinstance(a, jax.Array) and not isinstance(a, _compat.Tracer) for a in arrays)
+
+
+def _constants_as_inputs(closed: ClosedJaxpr, arrays: Sequence[Any]) -> ClosedJaxpr:
+    """``closed``, traced closed over ``arrays``, with them as its leading inputs again, in
+    order: the jaxpr a trace with them abstract gives (the program's own constants kept).
+
+    JAX makes each array a function closes over one of the jaxpr's constants (0.7 to
+    0.12 at least), the same array once; an array nothing reads, or a second of the same,
+    is an input nothing reads, as in a trace that passes it."""
+    jaxpr, consts = _compat.open_jaxpr(closed)
+    var_of = {id(c): v for v, c in zip(jaxpr.invars, consts)}
+    leading = [var_of.pop(id(a), None) or _compat.new_var(_compat.typeof(a)) for a in arrays]
+    kept = [(v, c) for v, c in zip(jaxpr.invars, consts) if var_of.get(id(c)) is v]
+    invars = [v for v, _ in kept] + leading + jaxpr.invars[len(consts):]
+    return _compat.close_jaxpr(_compat.with_invars(jaxpr, invars), [c for _, c in kept])
 
 
 def _struct(aval) -> jax.ShapeDtypeStruct:
@@ -255,4 +297,4 @@ def _calls_rules(jaxpr) -> bool:
     return any(e.primitive.name in _OPAQUE for e in all_eqns(jaxpr))
 
 
-__all__ = ["Look", "Traced", "look", "trace"]
+__all__ = ["Look", "Traced", "closable", "look", "trace"]

@@ -106,6 +106,9 @@ class CallPath:
         self._jvp: CallPath | None = None  # the path of its derivative (see _run)
         self._of_derivative = of_derivative  # whether it is another path's _jvp
         self._publish = publish
+        # the owner's call, where its constants never change and nobody can write them
+        # (the TFC form's): the look then traces as jax.jit closed over them (see specialize)
+        self.retrace: Callable[[tuple, dict], Any] | None = None
         self.dispatch = self._routing = _compat.api_boundary(lambda *args, **kwargs: self.route(args, kwargs))
 
     # A C-level property: calling the path is calling ``dispatch``, no frame of its own.
@@ -122,8 +125,11 @@ class CallPath:
         return layout.dispatch(*args, **kwargs)
 
     @_compat.api_boundary  # an error in the user's function shows no pejit frames
-    def uncached(self, args: tuple, kwargs: dict):
-        """A call the memo did not serve: find (or fold) its specialization, and memoize it."""
+    def uncached(self, args: tuple, kwargs: dict, latest: bool = True):
+        """A call the memo did not serve: find (or fold) its specialization, and memoize it.
+
+        Unless ``latest``, the last specialization of its constants is not tried first: the
+        caller knows it is of other types (a trace of it for these, see ``retrace``)."""
         if self.info.jit and _compat.DISABLE_JIT.value:
             return self.info.fun(*args, **kwargs)  # as jax.jit does: no trace, no fold
         layout = self.layout(len(args))
@@ -134,7 +140,7 @@ class CallPath:
         dyn_args, dyn_kwargs = self._dynamic(args, kwargs, layout)
         cache = self.caches.specializations
         axes = _compat.axis_env_key()
-        key, spec = (None, None) if axes else cache.latest(constants)
+        key, spec = (None, None) if axes or not latest else cache.latest(constants)
         if spec is not None:
             spec = self._staged(key, spec, args, kwargs, layout)
             # The last specialization of these constants; jax.jit's dispatch
@@ -339,7 +345,7 @@ class CallPath:
                   and not info.donate_names and _beside.possible())
         with specializing():
             spec = specialize(info, layout, self.caches.programs, const_pos, const_kw, dyn_args, dyn_kwargs,
-                              beside=beside, rules_run=self._rules_run())
+                              beside=beside, rules_run=self._rules_run(), retrace=self.retrace)
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(info.name, const_leaves, self._hints)
         finish = functools.partial(self._finish, layout, const_leaves)

@@ -351,13 +351,19 @@ class Specialization:
         value too; the trace it finds is the look's, which JAX keeps by function,
         whatever ``inline`` says. Staged so (``jax_jit_in``), the call is ``jax.jit``
         closed over the constants, and is differentiated as that is, by JAX (see
-        ``pejit._calls._path.CallPath._run``)."""
+        ``pejit._calls._path.CallPath._run``). Where the look traced it so
+        (:func:`pejit._calls._look.trace`, ``retrace``), the call is that ``jax.jit``
+        function, its trace the look's."""
         if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, inside: its trace serves
             run, consts = self.program.run, self.passed
             if not jit_kwargs:
+                closed = run
                 run = jax.jit(run.__wrapped__, inline=True)
                 # (not where its custom rules close over the look's tracers: JAX must not run them)
                 self.jax_jit_in = not self.program.rules_close_over_constants
+                if not consts:  # the look traced it closed over them (the TFC form's): it is the call
+                    self.call, self.staged_call, self.on_host = closed, run, None
+                    return
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
             run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
 

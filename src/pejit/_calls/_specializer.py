@@ -50,6 +50,7 @@ _tree_unflatten = jax.tree_util.tree_unflatten
 def specialize(
     info: PejitInfo, layout: Layout, programs: SpecializationCache, const_pos, const_kw, dyn_args, dyn_kwargs,
     persist: bool = True, beside: bool = False, rules_run: bool = True,
+    retrace: Callable[[tuple, dict], Any] | None = None,
 ) -> Specialization:
     """Fold for these constants: with a shared program if values don't matter.
 
@@ -64,7 +65,12 @@ def specialize(
     derivative's own program). Where it never does, ``jax.jit``'s program of a
     structure folded per value because its rules close over constants
     (:attr:`~pejit._calls._program.PerValue.serves`) serves where the fold does not
-    pay, and serves the first calls where the fold runs beside them."""
+    pay, and serves the first calls where the fold runs beside them.
+
+    ``retrace``: the owner's call, for a trace of jax.jit's program for other dynamic
+    types, where the constants never change and nobody can write them (the TFC form's:
+    see :func:`pejit._calls._look.trace`), so that its trace is that of ``jax.jit``
+    closed over them, which then serves where they are compiled in."""
     dyn_leaves, in_tree = _tree_flatten((dyn_args, dyn_kwargs))
     avals = tuple(dynamic_aval(leaf) for leaf in dyn_leaves)
     const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
@@ -90,10 +96,11 @@ def specialize(
     nargs = len(layout.const) + len(layout.dyn)
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
 
-    def trace() -> _look.Traced | PerValue:  # as jax.jit traces it, the constant arrays abstract
+    def trace(retrace=None) -> _look.Traced | PerValue:  # as jax.jit traces it, the constant arrays abstract
+        passed = 0 if retrace is not None else len(arrays)  # (or closed over)
         return _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree, avals,
-                           jit_kwargs_for(info, layout, len(arrays)), (dyn_args, dyn_kwargs), info.name,
-                           runner_signature(info.signature, len(arrays), nargs, layout.dyn, info.fixed_names))
+                           jit_kwargs_for(info, layout, passed), (dyn_args, dyn_kwargs), info.name,
+                           runner_signature(info.signature, passed, nargs, layout.dyn, info.fixed_names), retrace)
 
     # The TFC form and auto's promotions: their constants never change, so they fold
     # concretely, no folding program, where the look says the fold pays (beside the
@@ -108,7 +115,7 @@ def specialize(
     if info.one_value:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
-            traced = trace()
+            traced = trace(retrace if _look.closable(arrays) else None)
             per_values = isinstance(traced, PerValue)
             served = (traced.serves if not rules_run else None) if per_values else traced
             seen = None if served is None else _look.look(served, info.fold_options, info.jit)
@@ -367,9 +374,12 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
                                        seen.compile_in, why))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
-    if info.jit:
+    closed_run = seen.traced.closed_run
+    if info.jit and seen.compile_in and closed_run is not None:  # the look's trace, closed over them all
+        run, closes_over = closed_run, nconsts
+    elif info.jit and seen.traced.run is not None:
         run, closes_over = seen.traced.run, len(consts)
-    else:  # pe: the traced program, equation by equation
+    else:  # pe (the traced program, equation by equation), or the constants passed to the look's trace
         run, closes_over = make_runner(info, layout, jaxpr, nconsts, seen.traced.out_tree, in_tree), 0
     program = Program(jaxpr, nconsts, seen.traced.out_tree, stats, (), run, as_given, closes_over)
     program.rules_close_over_constants = per_value is not None
