@@ -418,6 +418,12 @@ def test_the_tfc_forms_first_call_traces_the_function_once_as_jax_jit_closed_ove
     assert traces.count == jit_traces.count == 1
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert bound.specialize(xi).program.compiled_in and bound.specialize(xi).jax_jit_in
+    closed = jax.jit(lambda xi: _basis(x, xi))
+    for derivative in (jax.jacfwd, jax.jacrev):  # JAX's, of jax.jit closed over the constants
+        np.testing.assert_allclose(derivative(bound)(xi), derivative(closed)(xi), rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(bound)(jnp.ones((2, 3))), jax.vmap(closed)(jnp.ones((2, 3))), rtol=1e-6)
+    with jax.disable_jit():
+        np.testing.assert_allclose(bound(xi), want, rtol=1e-6)
     xis = jnp.ones((3, 2))
     np.testing.assert_allclose(bound(xis), jax.jit(_basis)(x, xis), rtol=1e-6)
     assert bound.specialize(xis).program is not bound.specialize(xi).program
