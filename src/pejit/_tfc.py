@@ -101,7 +101,7 @@ class BoundPejitted:
         and a call of other types specializes for them (:meth:`_retrace`)."""
         if not (_plain(self._core.info, self._const) and spec.compilable_in):
             return None
-        if spec.jax_jit_in and not spec.passed:  # the look's jax.jit, closed over them (see _retrace)
+        if spec.jax_jit_closed:  # a call of other types specializes (see _retrace)
             return spec.call
         core, full = self._core, self._full
 

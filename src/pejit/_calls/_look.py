@@ -51,17 +51,17 @@ class Traced:
     """The function traced as ``jax.jit`` traces it: ``jaxpr`` takes the constant array
     leaves, then the dynamic leaves; ``out_tree`` is its output's structure. ``run`` is
     the ``jax.jit`` function that traced it, ``run(*constant arrays, *dynamic arguments,
-    **dynamic keywords)``: called for these types, it compiles ``jaxpr`` without tracing
-    the function again (``jax.jit`` keeps its trace)."""
+    **dynamic keywords)``, or ``run(*dynamic arguments, **dynamic keywords)`` where it
+    traced it ``closed`` over the constant arrays (see ``trace``'s ``retrace``): called
+    for these types, it compiles ``jaxpr`` without tracing the function again
+    (``jax.jit`` keeps its trace)."""
 
     jaxpr: ClosedJaxpr
     out_tree: Any
     arrays: int  # how many leading inputs are constant arrays
-    run: Callable | None  # None where the trace closed over them (``closed_run``)
+    run: Callable | None
     notes: tuple = ()  # what the trace noted for the report (``_stats.note``): a fold of it replays no Python
-    # ``closed_run(*dynamic arguments, **dynamic keywords)``: the jax.jit function that traced
-    # it closed over the constant arrays, where it did (see ``trace``'s ``retrace``)
-    closed_run: Callable | None = None
+    closed: bool = False
 
 
 def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequence[Any],
@@ -82,7 +82,7 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
     becoming the jaxpr's constants, which ``Traced.jaxpr`` then takes as its leading
     inputs again (:func:`_constants_as_inputs`): the decisions and the fold see the
     program they see otherwise, and where the constants are compiled in, that
-    ``jax.jit`` function is the program (``Traced.closed_run``), its trace this one,
+    ``jax.jit`` function is the program (``Traced.closed``), its trace this one,
     so that the first call traces the function once, as ``jax.jit``'s does. A trace
     of it for other dynamic types (a call with new shapes) is
     ``retrace(dyn_args, dyn_kwargs)``, the owner's call, which specializes for them.
@@ -133,10 +133,8 @@ def trace(bind: Callable, const_leaves: list, const_tree, in_tree, avals: Sequen
         first_line = (str(e).splitlines() or [""])[0]
         return PerValue(f"the trace needs constant values ({type(e).__name__}: {first_line[:120]})")
     closed = traced.jaxpr
-    if retrace is None:
-        traced = Traced(closed, out_trees[-1], len(arrays), run, tuple(notes))
-    else:
-        traced = Traced(_constants_as_inputs(closed, arrays), out_trees[-1], len(arrays), None, tuple(notes), run)
+    jaxpr = closed if retrace is None else _constants_as_inputs(closed, arrays)
+    traced = Traced(jaxpr, out_trees[-1], len(arrays), run, tuple(notes), retrace is not None)
     reason = why_per_value(closed.jaxpr, traces, mark)
     if reason is not None:  # jax.jit's program still serves while a value folds beside it
         return PerValue(reason, traced if evaluates_no_tracer(closed.jaxpr) else None)

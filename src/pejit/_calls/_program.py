@@ -273,6 +273,12 @@ class Specialization:
         return self.consts[self.program.closes_over:]
 
     @property
+    def jax_jit_closed(self) -> bool:
+        """Whether the call is the look's ``jax.jit`` function closed over the constants
+        (``_constants_in``), which JAX may stage and differentiate as it is."""
+        return self.jax_jit_in and not self.passed
+
+    @property
     def compilable_in(self) -> bool:
         """Whether the folded constants can be compiled into the program: small arrays
         (``pejit._fold._cost.compiled_in``) on one device of this process (typed PRNG keys
@@ -351,14 +357,12 @@ class Specialization:
         value too; the trace it finds is the look's, which JAX keeps by function,
         whatever ``inline`` says. Staged so (``jax_jit_in``), the call is ``jax.jit``
         closed over the constants, and is differentiated as that is, by JAX (see
-        ``pejit._calls._path.CallPath._run``). Where the look traced it so
-        (:func:`pejit._calls._look.trace`, ``retrace``), the call is that ``jax.jit``
-        function, its trace the look's."""
+        ``pejit._calls._path.CallPath._run``); where the look traced it so (``retrace``:
+        :func:`pejit._calls._look.trace`), that function is the call, its trace the look's."""
         if isinstance(self.program.folding_program, AsGiven):  # jax.jit's function, inside: its trace serves
             run, consts = self.program.run, self.passed
             if not jit_kwargs:
-                closed = run
-                run = jax.jit(run.__wrapped__, inline=True)
+                closed, run = run, _spliced(run.__wrapped__)
                 # (not where its custom rules close over the look's tracers: JAX must not run them)
                 self.jax_jit_in = not self.program.rules_close_over_constants
                 if not consts:  # the look traced it closed over them (the TFC form's): it is the call
@@ -394,6 +398,13 @@ class Specialization:
     @property
     def report(self) -> FoldReport:
         return self.residual.report
+
+
+def _spliced(fun: Callable) -> Callable:
+    """``jax.jit(fun, inline=True)``, made when first called: only a call staged into an
+    enclosing program runs it (a ``jax.jit`` object is tens of microseconds to make)."""
+    jitted = functools.cache(lambda: jax.jit(fun, inline=True))
+    return functools.wraps(fun)(lambda *args, **kwargs: jitted()(*args, **kwargs))
 
 
 def _is_key(c) -> bool:

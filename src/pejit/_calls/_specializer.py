@@ -97,7 +97,9 @@ def specialize(
     arrays = [leaf for leaf in const_leaves if is_array(leaf)]
 
     def trace(retrace=None) -> _look.Traced | PerValue:  # as jax.jit traces it, the constant arrays abstract
-        passed = 0 if retrace is not None else len(arrays)  # (or closed over)
+        if retrace is not None and not _look.closable(arrays):  # (or closed over, where they can be)
+            retrace = None
+        passed = 0 if retrace is not None else len(arrays)
         return _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree, avals,
                            jit_kwargs_for(info, layout, passed), (dyn_args, dyn_kwargs), info.name,
                            runner_signature(info.signature, passed, nargs, layout.dyn, info.fixed_names), retrace)
@@ -115,7 +117,7 @@ def specialize(
     if info.one_value:
         start = time.perf_counter()
         with _progress.Progress(info.name, False).stage("look"):
-            traced = trace(retrace if _look.closable(arrays) else None)
+            traced = trace(retrace)
             per_values = isinstance(traced, PerValue)
             served = (traced.serves if not rules_run else None) if per_values else traced
             seen = None if served is None else _look.look(served, info.fold_options, info.jit)
@@ -357,9 +359,10 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     compiled in (:meth:`~pejit._calls._program.Specialization.compile_in`).
     ``per_value``: why each value would be traced again to fold (a
     :class:`~pejit._calls._program.PerValue` reason), which the report gives."""
-    jaxpr, consts = _compat.open_jaxpr(seen.traced.jaxpr)
+    traced = seen.traced
+    jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)
     as_given = AsGiven(consts, seen.compile_in, folds_alike(seen.work.folded, rounding=True))
-    stats = FoldStats(notes=list(seen.traced.notes))
+    stats = FoldStats(notes=list(traced.notes))
     if per_value is not None:
         stats.notes.append(f"each new constant value would be traced and folded again ({per_value}), for too "
                            f"little: jax.jit's program serves every value")
@@ -374,14 +377,11 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
                                        seen.compile_in, why))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
-    closed_run = seen.traced.closed_run
-    if info.jit and seen.compile_in and closed_run is not None:  # the look's trace, closed over them all
-        run, closes_over = closed_run, nconsts
-    elif info.jit and seen.traced.run is not None:
-        run, closes_over = seen.traced.run, len(consts)
+    if info.jit and traced.run is not None and (seen.compile_in or not traced.closed):
+        run, closes_over = traced.run, (nconsts if traced.closed else len(consts))  # the look's jax.jit
     else:  # pe (the traced program, equation by equation), or the constants passed to the look's trace
-        run, closes_over = make_runner(info, layout, jaxpr, nconsts, seen.traced.out_tree, in_tree), 0
-    program = Program(jaxpr, nconsts, seen.traced.out_tree, stats, (), run, as_given, closes_over)
+        run, closes_over = make_runner(info, layout, jaxpr, nconsts, traced.out_tree, in_tree), 0
+    program = Program(jaxpr, nconsts, traced.out_tree, stats, (), run, as_given, closes_over)
     program.rules_close_over_constants = per_value is not None
     return program, place(info, as_given(*arrays), jax.device_put)
 
