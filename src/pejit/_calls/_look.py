@@ -59,7 +59,7 @@ class Traced:
     jaxpr: ClosedJaxpr
     out_tree: Any
     arrays: int  # how many leading inputs are constant arrays
-    run: Callable | None
+    run: Callable
     notes: tuple = ()  # what the trace noted for the report (``_stats.note``): a fold of it replays no Python
     closed: bool = False
 

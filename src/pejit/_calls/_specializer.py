@@ -377,7 +377,7 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
                                        seen.compile_in, why))
     stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
-    if info.jit and traced.run is not None and (seen.compile_in or not traced.closed):
+    if info.jit and (seen.compile_in or not traced.closed):
         run, closes_over = traced.run, (nconsts if traced.closed else len(consts))  # the look's jax.jit
     else:  # pe (the traced program, equation by equation), or the constants passed to the look's trace
         run, closes_over = make_runner(info, layout, jaxpr, nconsts, traced.out_tree, in_tree), 0
