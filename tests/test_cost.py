@@ -86,6 +86,27 @@ def test_a_collapse_pays_when_its_matrices_cost_less_than_the_region():
     assert not _cost.collapse_pays(after, after)  # no better: not worth building
 
 
+def test_no_region_collapses_in_a_program_that_costs_less_than_one_matrix_kernel():
+    from pejit._compat import open_jaxpr
+    from pejit._residual._collapse import collapsible
+
+    a, m = jnp.ones((3, 5)), jnp.ones((4, 4))
+    programs = {  # (program, its arguments, how many lead and are known, whether a region collapses)
+        "outer": (lambda a, x: jnp.outer(a[0], x[1]), (a, a), 1, False),
+        "exp": (lambda a, x: (jnp.exp(a), jnp.exp(x)), (a, a), 1, False),
+        "tri": (lambda a, x: jnp.tri(3, a.shape[1]) * a + x, (a, a), 1, False),
+        "A(Bx)": (lambda a, b, x: a @ (b @ x), (m, m, jnp.ones(4)), 2, True),
+    }
+    for name, (fun, args, n, collapses) in programs.items():
+        program, _ = open_jaxpr(jaxpr(fun, *args))
+        total = _cost.jaxpr_cost(program)
+        assert collapsible(program, n, 1 << 20) == collapses, name
+        # sound: where it says none could, none does (a region's matrices are a kernel at least)
+        assert _cost.collapse_can_pay(total) == collapses, name
+    assert _cost.collapse_can_pay(Cost(kernels=1.01 / _cost.COLLAPSE_PAYS))
+    assert not _cost.collapse_can_pay(Cost(kernels=0.99 / _cost.COLLAPSE_PAYS))
+
+
 def test_small_constants_are_compiled_in():
     assert _cost.compiled_in(_cost.INLINE_BYTES)
     assert not _cost.compiled_in(_cost.INLINE_BYTES + 1)

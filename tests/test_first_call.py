@@ -570,3 +570,25 @@ def test_a_first_call_builds_no_jax_jit_of_the_function_and_no_report(monkeypatc
     assert jitted.count(little) == 1 and shapes.shape == (256,)
     with pytest.raises(ValueError, match="donate_argnums"):  # jax.jit's own options are still checked at once
         pejit(little, constant_argnums=0, donate_argnums=-5)
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_the_look_searches_for_affine_regions_only_where_one_could_collapse(monkeypatch):
+    # the search is most of the look at a few elementwise equations (a tenth of a
+    # millisecond or more of a small program's first call), where no matrix could pay
+    from pejit._calls import _look
+
+    searched = []
+    real = _look.collapsible
+    monkeypatch.setattr(_look, "collapsible", lambda *args: searched.append(args) or real(*args))
+    a, x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32), jnp.ones((3, 5))
+    outer = pejit(lambda a, x: jnp.outer(a[0], x[1]), constant_argnums=0, fold_options=FoldOptions(beside=False))
+    np.testing.assert_array_equal(outer(a, x), jnp.outer(a[0], x[1]))
+    assert not searched and isinstance(outer.specialize(a, x).program.folding_program, AsGiven)
+    m = jnp.asarray(rng.standard_normal((4, 4)), jnp.float32)
+    chain = pejit(lambda a, b, x: a @ (b @ x), constant_argnums=(0, 1), fold_options=FoldOptions(beside=False))
+    with f32_products():
+        np.testing.assert_allclose(chain(m, m, x[0, :4]), m @ (m @ x[0, :4]), rtol=1e-6)
+    assert len(searched) == 1  # two products: a region that collapses, and does
+    assert chain.report(m, m, x[0, :4]).collapsed
+

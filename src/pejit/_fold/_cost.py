@@ -337,6 +337,21 @@ def collapse_pays(before: Cost, after: Cost) -> bool:
     return after.seconds() <= COLLAPSE_PAYS * before.seconds()
 
 
+def collapse_can_pay(program: Cost) -> bool:
+    """Whether any region of a program costing ``program`` a call could collapse
+    (:func:`collapse_pays`): a region costs at most the whole program, and its matrices
+    at least one kernel (:func:`matrix_cost`), so a program that costs less than that
+    kernel does a call, elementwise work on a few values, has none worth looking for.
+
+    Examples:
+      >>> collapse_can_pay(Cost(flops=25.0, bytes=120.0))  # an outer product of two slices
+      False
+      >>> collapse_can_pay(Cost(flops=64.0, bytes=160.0, kernels=2.0))  # two matrix-vector products
+      True
+    """
+    return collapse_pays(program, Cost(kernels=1.0))
+
+
 def share_pays(saved_bytes: int, program: Cost, min_gain: float) -> bool:
     """Whether passing equal folded constants once, and uniform ones as broadcasts of a
     literal, pays for a residual of its own where one taking them all is compiled already:
