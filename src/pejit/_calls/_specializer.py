@@ -76,12 +76,13 @@ def specialize(
     const_leaves, const_tree = _tree_flatten(([v for _, v in const_pos], [v for _, v in const_kw]))
     where = (tuple(i for i, _ in const_pos), tuple(k for k, _ in const_kw))
     root = _persist.cache_dir(info.fold_options) if persist else None
+    bind = functools.partial(bind_constants, info, where, named=False)  # what the look's trace calls
     if root is not None:
         return _persist.specialize(
             root, info, where, const_leaves, const_tree, in_tree, avals,
             traces=(programs, ("persist", where, const_tree, structure_key(const_leaves), in_tree, avals,
                               _compat.axis_env_key())),
-            bind=functools.partial(bind_constants, info, where),
+            bind=bind,
             fold=functools.partial(specialize, info, layout, programs, const_pos, const_kw, dyn_args, dyn_kwargs,
                                    persist=False, rules_run=rules_run),
             runner=functools.partial(make_runner, info, layout, in_tree=in_tree), place=functools.partial(place, info),
@@ -100,7 +101,7 @@ def specialize(
         if retrace is not None and not _look.closable(arrays):  # (or closed over, where they can be)
             retrace = None
         passed = 0 if retrace is not None else len(arrays)
-        return _look.trace(functools.partial(bind_constants, info, where), const_leaves, const_tree, in_tree, avals,
+        return _look.trace(bind, const_leaves, const_tree, in_tree, avals,
                            jit_kwargs_for(info, layout, passed), (dyn_args, dyn_kwargs), info.name,
                            runner_signature(info.signature, passed, nargs, layout.dyn, info.fixed_names), retrace)
 
@@ -231,10 +232,13 @@ def held(constants: Any) -> Any:
                                   for leaf in leaves])
 
 
-def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list) -> Callable:
+def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list, named: bool = True) -> Callable:
     """The user's function of the flat dynamic leaves, constants bound.
 
-    Each call appends the output's tree structure to ``out_trees``.
+    Each call appends the output's tree structure to ``out_trees``. Unless ``named``
+    (the look's trace calls it inside a ``jax.jit`` function named and signed as the
+    user's: :func:`pejit._calls._look.trace`), JAX's errors while tracing it directly
+    name the user's function and arguments.
     """
     values = as_jax(const_vals)
     const_pos = tuple(zip(where[0], values[0]))
@@ -248,8 +252,8 @@ def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list)
         out_trees.append(out_tree)
         return out_leaves
 
-    # JAX's errors while tracing name the user's function and arguments.
-    _errors.name_after(flat_fun, fun, where, const_vals, in_tree)
+    if named:  # (JAX's debug info: some 60 us of a small program's first call)
+        _errors.name_after(flat_fun, fun, where, const_vals, in_tree)
     return flat_fun
 
 

@@ -7,6 +7,7 @@ counts elementwise work. Each reads its kinds here.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -249,7 +250,13 @@ def sub_byte(eqn) -> bool:
 
 
 def _sub_byte(v) -> bool:
-    dtype = v.aval.dtype
+    return _narrower_than_a_byte(v.aval.dtype)
+
+
+@functools.cache
+def _narrower_than_a_byte(dtype) -> bool:
+    if getattr(dtype, "itemsize", 1) > 1:  # (no finfo to build: a first one is tens of microseconds)
+        return False
     if dtypes.issubdtype(dtype, np.integer):
         return jnp.iinfo(dtype).bits < 8
     return dtypes.issubdtype(dtype, np.floating) and jnp.finfo(dtype).bits < 8
