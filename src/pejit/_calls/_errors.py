@@ -246,14 +246,14 @@ def check_folded(name: str, spec: Any, const_leaves: list, warned: set) -> None:
     arrays = {id(leaf) for leaf in const_leaves if isinstance(leaf, jax.Array)}
     if not arrays or not spec.consts or any(id(c) not in arrays for c in spec.consts):
         return
-    if _holds_constants(spec.program.jaxpr):  # folded into a loop body or branch
-        return
     program = spec.program
-    if program.rules_close_over_constants or _rules_read_constants(program.jaxpr, program.nconsts):
-        return  # a derivative may fold their work
     stats = program.stats  # read before the report, which a first call need not build
     if stats.folded or stats.effects_kept or stats.eliminated_branches or stats.unfolded:
         return  # work on the constants, kept where folding it does not pay: the report says so
+    if _holds_constants(program.jaxpr):  # folded into a loop body or branch
+        return
+    if program.rules_close_over_constants or _rules_read_constants(program.jaxpr, program.nconsts):
+        return  # a derivative may fold their work
     if not program.jaxpr.eqns or spec.report.rematerialized:
         return
     warned.add("nothing")

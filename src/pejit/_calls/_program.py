@@ -299,8 +299,8 @@ class Specialization:
         first value, where they are ``compilable_in``, but not where ``jax.jit``'s own
         program folds nothing (it runs as ``jax.jit`` runs it, the constants passed)."""
         as_given = self.program.folding_program
-        return (bool(self.consts) and not self.program.compiled_in and self.compilable_in
-                and not (isinstance(as_given, AsGiven) and not as_given.compile_in))
+        return (bool(self.consts) and not self.program.compiled_in
+                and not (isinstance(as_given, AsGiven) and not as_given.compile_in) and self.compilable_in)
 
     def compile_in(self, jit_kwargs: dict) -> None:
         """Call a program with the folded constants compiled in, as ``jax.jit`` compiles

@@ -379,7 +379,8 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
                f"too little to win back a folding program's compile within {_cost.REPAY_CALLS:,} calls")
         stats.unfolded.append(Unfolded(len(work.folded), work.saved.seconds(), work.total.seconds(), False,
                                        seen.compile_in, why))
-    stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
+    if work.effects:  # (a Counter's update of a generator: an ABC check, first in a process)
+        stats.effects_kept.update(label(e.primitive, e.params) for e in work.effects)
     nconsts = len(consts) + len(arrays)
     if info.jit and (seen.compile_in or not traced.closed):
         run, closes_over = traced.run, (nconsts if traced.closed else len(consts))  # the look's jax.jit
