@@ -235,10 +235,10 @@ def held(constants: Any) -> Any:
 def bind_constants(info: PejitInfo, where, const_vals, in_tree, out_trees: list, named: bool = True) -> Callable:
     """The user's function of the flat dynamic leaves, constants bound.
 
-    Each call appends the output's tree structure to ``out_trees``. Unless ``named``
-    (the look's trace calls it inside a ``jax.jit`` function named and signed as the
-    user's: :func:`pejit._calls._look.trace`), JAX's errors while tracing it directly
-    name the user's function and arguments.
+    Each call appends the output's tree structure to ``out_trees``. With ``named``,
+    JAX's errors while tracing it name the user's function and arguments; the look's
+    trace needs no names for it, since it calls it inside a ``jax.jit`` function named
+    and signed as the user's (:func:`pejit._calls._look.trace`).
     """
     values = as_jax(const_vals)
     const_pos = tuple(zip(where[0], values[0]))

@@ -340,8 +340,8 @@ def collapse_pays(before: Cost, after: Cost) -> bool:
 def collapse_can_pay(program: Cost) -> bool:
     """Whether any region of a program costing ``program`` a call could collapse
     (:func:`collapse_pays`): a region costs at most the whole program, and its matrices
-    at least one kernel (:func:`matrix_cost`), so a program that costs less than that
-    kernel does a call, elementwise work on a few values, has none worth looking for.
+    at least one kernel (:func:`matrix_cost`), so a program that costs less a call than
+    that kernel (elementwise work on a few values) has none worth looking for.
 
     Examples:
       >>> collapse_can_pay(Cost(flops=25.0, bytes=120.0))  # an outer product of two slices
@@ -525,9 +525,9 @@ def build_compiles(eqns: Sequence[Any]) -> bool:
 
 
 __all__ = [
-    "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS",
-    "Typed", "XLA_FOLDS_FLOPS", "ZERO", "build_compiles", "collapse_pays", "compiled_in", "compiling_in_folds",
-    "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_first", "fold_pays", "fold_repays", "jaxpr_cost", "jaxpr_flops",
-    "matrix_cost", "on_the_spot", "one_program_pays", "program_cost", "promotion_pays", "reassociation_pays",
-    "run_compiles", "share_pays", "stays_lazy",
+    "COLLAPSE_PAYS", "Cost", "CostRule", "Eqn", "INLINE_BYTES", "ON_THE_SPOT_BYTES", "PROMOTION_MIN_FLOPS", "Typed",
+    "XLA_FOLDS_FLOPS", "ZERO", "build_compiles", "collapse_can_pay", "collapse_pays", "compiled_in",
+    "compiling_in_folds", "cost_rules", "costs", "eqn_flops", "eqn_of", "fold_first", "fold_pays", "fold_repays",
+    "jaxpr_cost", "jaxpr_flops", "matrix_cost", "on_the_spot", "one_program_pays", "program_cost", "promotion_pays",
+    "reassociation_pays", "run_compiles", "share_pays", "stays_lazy",
 ]
