@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from pejit import FoldOptions, pe, pejit
-from pejit._calls import _beside, _path
+from pejit._calls import _beside, _look, _path
 from pejit._calls._cache import NO_MEMO
 from pejit._calls._program import AsGiven, FoldingProgram, Specialization, _holds_python
 from pejit._jit import call_path
+from pejit._residual import _collapse
 
 from ._util import Compiles, Counter, Traces, f32_products, in_room, primitive_names
 
@@ -576,19 +577,18 @@ def test_a_first_call_builds_no_jax_jit_of_the_function_and_no_report(monkeypatc
 def test_the_look_searches_for_affine_regions_only_where_one_could_collapse(monkeypatch):
     # the search is most of the look at a few elementwise equations (a tenth of a
     # millisecond or more of a small program's first call), where no matrix could pay
-    from pejit._calls import _look
-
-    searched = []
-    real = _look.collapsible
-    monkeypatch.setattr(_look, "collapsible", lambda *args: searched.append(args) or real(*args))
+    asked, searched = [], []
+    real_collapsible, real_classify = _look.collapsible, _collapse.classify
+    monkeypatch.setattr(_look, "collapsible", lambda *args: asked.append(real_collapsible(*args)) or asked[-1])
+    monkeypatch.setattr(_collapse, "classify", lambda *args: searched.append(1) or real_classify(*args))
     a, x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32), jnp.ones((3, 5))
     outer = pejit(lambda a, x: jnp.outer(a[0], x[1]), constant_argnums=0, fold_options=FoldOptions(beside=False))
     np.testing.assert_array_equal(outer(a, x), jnp.outer(a[0], x[1]))
-    assert not searched and isinstance(outer.specialize(a, x).program.folding_program, AsGiven)
+    assert asked == [False] and not searched
+    assert isinstance(outer.specialize(a, x).program.folding_program, AsGiven)
     m = jnp.asarray(rng.standard_normal((4, 4)), jnp.float32)
     chain = pejit(lambda a, b, x: a @ (b @ x), constant_argnums=(0, 1), fold_options=FoldOptions(beside=False))
     with f32_products():
         np.testing.assert_allclose(chain(m, m, x[0, :4]), m @ (m @ x[0, :4]), rtol=1e-6)
-    assert len(searched) == 1  # two products: a region that collapses, and does
+    assert asked == [False, True] and searched  # two products: a region that collapses, and does
     assert chain.report(m, m, x[0, :4]).collapsed
-

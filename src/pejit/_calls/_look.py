@@ -274,14 +274,9 @@ def _general_products(jaxpr, arguments: set) -> set[int]:
 
 
 def _folded_anyway(jaxpr, n: int, work: _known.KnownWork, options: FoldOptions) -> bool:
-    """Whether the first ``n`` inputs of ``jaxpr`` are folded by pejit whatever the estimate says.
-
-    A region affine in the dynamic inputs is looked for only where one could collapse
-    (:func:`pejit._fold._cost.collapse_can_pay`, from the program's cost alone): a tiny
-    elementwise program's search is most of what the look adds to its first call."""
+    """Whether the first ``n`` inputs of ``jaxpr`` are folded by pejit whatever the estimate says."""
     return (bool(work.needed) or not _lowerable(jaxpr) or _calls_rules(jaxpr)
-            or options.affine and _cost.collapse_can_pay(work.total)
-            and collapsible(jaxpr, n, options.affine_max_bytes))
+            or options.affine and collapsible(jaxpr, n, options.affine_max_bytes))
 
 
 def _lowerable(jaxpr) -> bool:

@@ -349,7 +349,13 @@ def _chosen(jaxpr, kinds: dict, shifted: set, max_bytes: int, backend: str):
 
 def collapsible(jaxpr, n: int, max_bytes: int, backend: str = "auto") -> bool:
     """Whether :func:`collapse` would collapse a region of ``jaxpr`` (open, its first ``n``
-    inputs the constants), judged before any constant is known."""
+    inputs the constants), judged before any constant is known.
+
+    No region is searched for where none could pay (:func:`pejit._fold._cost.collapse_can_pay`,
+    from the program's cost, which the look has costed already): in a few elementwise
+    equations, the search was most of what the look adds to a small program's first call."""
+    if not _cost.collapse_can_pay(_cost.jaxpr_cost(jaxpr)):
+        return False
     kinds = classify(jaxpr, [True] * n + [False] * (len(jaxpr.invars) - n))
     return any(True for _ in _chosen(jaxpr, kinds, offsets(jaxpr, kinds), max_bytes, backend))
 
