@@ -331,8 +331,7 @@ def test_a_cached_call_is_at_most_one_frame_of_pejits(form, frames):
         "no constants": lambda: pj(_inv),
         "constant_argnums": lambda: pj(_inv, constant_argnums=0),
         "constant_argnums='auto', promoted": lambda: _promoted(_inv, A, v),
-        "TFC, constants placed": lambda: pj(A, v, constant_arg_nums=[0],
-                                            constant_shardings=jax.sharding.SingleDeviceSharding(A.device))(_inv),
+        "TFC, constants placed": lambda: pj(A, v, constant_arg_nums=[0], constant_shardings=A.sharding)(_inv),
     }[form]()
     call = (lambda: f(v)) if form.startswith("TFC") else (lambda: f(A, v))
     call(), call()
