@@ -100,21 +100,32 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 #: interpreter, computes them as its compiled kernels do (see :func:`folds_alike`);
 #: not so a sum or a product of floats (the order of their additions), or even
 #: ``clz`` (the corpus's ``lax.clz`` folded to -32 where ``jax.jit``'s kernel
-#: gives 0). As :mod:`pejit._fold._host` says of its rules, a subnormal float,
-#: which a CPU's kernels flush to zero, is the one difference.
+#: gives 0), nor an integer ``div`` or ``rem``: XLA's kernels divide by zero as
+#: XLA defines it (-1, and the dividend), its constant folding stops the process
+#: (SIGFPE, jaxlib 0.10.2: ``jax.jit`` closed over ``x % 0``). As
+#: :mod:`pejit._fold._host` says of its rules, a subnormal float, which a CPU's
+#: kernels flush to zero, is the one difference.
 EXACT = frozenset([
     "abs", "add", "add_any", "and", "argmax", "argmin", "bitcast_convert_type", "broadcast_in_dim", "ceil", "clamp",
     "concatenate", "convert_element_type", "copy", "copy_p", "cummax", "cummin", "dynamic_slice",
     "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota", "is_finite", "le", "lt", "max", "min", "mul",
     "ne", "neg", "not", "or", "pad", "random_bits", "random_fold_in", "random_seed", "random_split", "random_unwrap",
-    "random_wrap", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reshape", "rev", "round", "select_n",
-    "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze",
-    "stack", "stop_gradient", "sub", "threefry2x32", "transpose", "unstack", "xor",
+    "random_wrap", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reshape", "rev", "round", "scatter-max",
+    "scatter-min", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice",
+    "split", "squeeze", "stack", "stop_gradient", "sub", "threefry2x32", "tile", "transpose", "unstack", "xor",
 ])
 
 #: Sums and products, exact on integers and booleans alone: addition that wraps is
 #: associative, so no order of it changes the result.
-EXACT_ON_INTEGERS = frozenset(["cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_xor"])
+EXACT_ON_INTEGERS = frozenset([
+    "cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_xor", "scatter-add", "scatter-mul",
+    "scatter-sub",
+])
+
+#: Scatters that replace: where two updates write one element, which of them is
+#: left is the implementation's (XLA's semantics), exact where the indices are
+#: unique (``unique_indices``); with ``rounding``, left to XLA as a sum's order is.
+REPLACES = frozenset(["scatter"])
 
 #: Elementwise functions of real floats that XLA's constant folding (the C
 #: library's, correctly rounded or within an ulp) and its compiled kernels
@@ -192,10 +203,11 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
     """Whether XLA's constant folding computes ``eqns`` (of a call or a custom rule's
     call: its body's) as its kernels do: each equation is of an :data:`EXACT`
     primitive, or of an :data:`EXACT_ON_INTEGERS` one on no floats (with
-    ``rounding``, on floats too: the same sum, rounded in another order), or of a
-    :data:`FEW_ULPS` one on real floats alone, or a sort of one operand (equal
-    elements are equal, whatever their order); but a conversion of floats to
-    integers (out of range, each implementation's own), and none of types narrower
+    ``rounding``, on floats too: the same sum, rounded in another order), or a
+    scatter that replaces (:data:`REPLACES`) at unique indices (with ``rounding``,
+    at any), or of a :data:`FEW_ULPS` one on real floats alone, or a sort of one
+    operand (equal elements are equal, whatever their order); but a conversion of
+    floats to integers (out of range, each implementation's own), and none of types narrower
     than a byte, which XLA's constant folding packs its own way (a ``float32``
     bitcast to ``uint4`` folds to other nibbles than its kernel gives: JAX's
     ``testBitcastConvertType``; so does ``jax.jit`` closed over the value).
@@ -214,6 +226,9 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
       True
       >>> folds_alike(jax.make_jaxpr(jnp.sum)(jnp.ones(3, int)).eqns)
       True
+      >>> twice = jax.make_jaxpr(lambda x: x.at[jnp.array([0, 0])].set(2.0))(jnp.ones(3))  # which write is left: XLA's
+      >>> folds_alike(twice.eqns), folds_alike(twice.eqns, rounding=True)
+      (False, True)
     """
     for e in eqns:
         name = e.primitive.name
@@ -225,6 +240,9 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
                 return False
         elif name in EXACT_ON_INTEGERS:
             if not rounding and any(_inexact(v) for v in (*e.invars, *e.outvars)):
+                return False
+        elif name in REPLACES:
+            if not rounding and not e.params.get("unique_indices"):
                 return False
         elif name == "sort":
             if len(e.invars) != 1:
