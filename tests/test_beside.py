@@ -216,7 +216,7 @@ def test_the_decision_is_the_looks():
     def look(fun, *args):
         closed = jax.make_jaxpr(fun)(*args)
         traced = _look.Traced(closed, None, 1, None)
-        return _look.look(traced, FoldOptions())
+        return _look.look(traced, args[:1], FoldOptions())
 
     K = jnp.asarray(_spd(2))
     x = jnp.ones(N)
@@ -234,7 +234,7 @@ def test_the_decision_is_the_looks():
     assert not look(lambda K, x: (jax.debug.print("{}", x[0]), jnp.linalg.solve(K, x))[1], K, x).beside
     # asked not to
     closed = jax.make_jaxpr(lambda K, x: jnp.linalg.solve(K, x))(K, x)
-    assert not _look.look(_look.Traced(closed, None, 1, None), FoldOptions(beside=False)).beside
+    assert not _look.look(_look.Traced(closed, None, 1, None), [K], FoldOptions(beside=False)).beside
 
 
 @two_cores

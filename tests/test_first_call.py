@@ -133,7 +133,10 @@ def test_constants_only_read_by_the_dynamic_work_are_compiled_in():
     (jnp.argmin, rng.standard_normal(8).astype(np.float32)),
     (jax.lax.cummax, rng.standard_normal(8).astype(np.float32)),
     (jnp.sum, np.arange(-4, 4, dtype=np.int32)),  # a sum of integers, in any order
-], ids=["signbit", "argmin", "cummax", "integer sum"])
+    (lambda a: jnp.tile(a[:4], 2), rng.standard_normal(8).astype(np.float32)),
+    (lambda a: a.at[np.array([1, 1, 3])].add(a[:3]), np.arange(-4, 4, dtype=np.int32)),  # an index added twice
+    (lambda a: a.at[np.array([1, 3])].set(-a[:2], unique_indices=True), rng.standard_normal(8).astype(np.float32)),
+], ids=["signbit", "argmin", "cummax", "integer sum", "tile", "integer scatter-add", "scatter"])
 def test_exact_known_work_is_compiled_in(known, a):
     def f(a, x):
         return x * known(a)
@@ -255,6 +258,39 @@ def test_a_small_sum_that_does_not_pay_is_compiled_in():
     spec = f.specialize(a, x)
     assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
     assert "XLA folds them" in str(f.report(a, x))
+
+
+def test_a_programs_own_numpy_constants_are_compiled_in_with_the_arguments():
+    # jax.jit's trace makes an array the function closes over a constant of the program,
+    # a NumPy one JAX's own ndarray type (TypedNdArray, JAX 0.10): host arrays, as any
+    w = np.linspace(0.0, 1.0, 8, dtype=np.float32)
+
+    def f(a, x):
+        return x * (a + w)
+
+    a, x = jnp.asarray(rng.standard_normal(8), jnp.float32), jnp.ones(8)
+    g = pejit(f, constant_argnums=0)
+    np.testing.assert_array_equal(g(a, x), jax.jit(f)(a, x))
+    spec = g.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+    assert len(spec.consts) == 2  # w and a, both in the program
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_a_bool_constant_is_compiled_in_unless_it_holds_other_bytes():
+    # a view of other bits as bools holds any byte, which jax.jit keeps where it is
+    # passed (a bitcast reads it back) and a literal compiled in would make 1
+    def f(mask, x):
+        return x + jnp.where(mask, 1, 0).astype(x.dtype) + mask.view(jnp.uint8).astype(x.dtype)
+
+    x = jnp.ones(4)
+    for bits, compiled_in in ([1, 0, 1, 1], True), ([0xD8, 1, 0, 0x7F], False):
+        mask = jnp.asarray(np.array(bits, np.uint8).view(np.bool_))
+        g = pejit(f, constant_argnums=0)
+        np.testing.assert_array_equal(g(mask, x), jax.jit(f)(mask, x))
+        np.testing.assert_array_equal(g(mask, x), jax.jit(f)(mask, x))  # (compiled in, where it is)
+        spec = g.specialize(mask, x)
+        assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in == compiled_in
 
 
 def test_a_small_draw_from_a_constant_key_is_compiled_in():

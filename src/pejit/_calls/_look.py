@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
@@ -40,7 +39,7 @@ from .._fold._options import FoldOptions
 from .._fold._primitives import all_eqns, called_jaxpr, folds_alike
 from .._fold._staging import ClosedOverTracer
 from .._fold._stats import noting
-from .._fold._values import nbytes
+from .._fold._values import bools_are_0_or_1, nbytes
 from .._residual._collapse import collapsible
 from ._keys import OtherSignature, is_array
 from ._program import PerValue, evaluates_no_tracer, why_per_value
@@ -183,9 +182,10 @@ class Look:
     beside: bool = False  # the fold runs beside jax.jit's first call (FoldOptions.beside)
 
 
-def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
-    """Whether folding the constants of ``traced`` can pay per call, and whether
-    compiling them into ``jax.jit``'s program folds it for less (``Look.compile_in``).
+def look(traced: Traced, arrays: Sequence[Any], options: FoldOptions, jitted: bool = True) -> Look:
+    """Whether folding the constants of ``traced`` (``arrays``, their values) can pay
+    per call, and whether compiling them into ``jax.jit``'s program folds it for less
+    (``Look.compile_in``).
 
     Unless ``jitted`` (``pe``, whose residual runs equation by equation), any
     known equation pays: each is a dispatch a call saves. A compiled program
@@ -201,15 +201,17 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
 
     Where the known work is small, of primitives that XLA's constant folding
     computes as its kernels do (to the same bits, or elementwise functions of
-    floats to within a few ulps: :func:`pejit._fold._primitives.folds_alike`), on constants small
-    enough to compile in, and no fold that pays would rewrite the program around
-    them (``KnownWork.rewrites``), the first value is compiled with them in instead
-    (``compile_in``), as ``jax.jit`` compiles the arrays a function closes over:
-    XLA folds that work as it compiles, with no folding trace and no folding
-    program, and a call passes no constants. Where the fold does not pay, sums and
-    products of floats are left to XLA too, which adds them in its own order: what
-    ``jax.jit`` gives for arrays a function closes over, whose program runs faster
-    than one passed them.
+    floats to within a few ulps: :func:`pejit._fold._primitives.folds_alike`), on
+    constants small enough to compile in (no bool among them holding a byte other
+    than 0 or 1, which a literal would make 1:
+    :func:`pejit._fold._values.bools_are_0_or_1`), and no fold that pays would
+    rewrite the program around them (``KnownWork.rewrites``), the first value is
+    compiled with them in instead (``compile_in``), as ``jax.jit`` compiles the
+    arrays a function closes over: XLA folds that work as it compiles, with no
+    folding trace and no folding program, and a call passes no constants. Where
+    the fold does not pay, sums and products of floats are left to XLA too, which
+    adds them in its own order: what ``jax.jit`` gives for arrays a function closes
+    over, whose program runs faster than one passed them.
 
     Where the fold pays but would cost the first call more than the compile it
     saves (:func:`pejit._fold._cost.fold_first`), it runs beside ``jax.jit``'s
@@ -226,8 +228,7 @@ def look(traced: Traced, options: FoldOptions, jitted: bool = True) -> Look:
     compile_in = (jitted and options.literals and bool(options.min_gain)
                   and not (pays and work.rewrites) and folds_alike(work.folded, rounding=not pays)
                   and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
-                  # a bool compiled in is 0 or 1; passed, any byte (a view of other bits), as jax.jit keeps it
-                  and not any(a.dtype == np.bool_ for a in constants))
+                  and bools_are_0_or_1([*consts, *arrays]))
     # asked only where it changes the decision: its walks (an affine region's search above
     # all) are a whole pass over a large program that folds anyway
     if (compile_in or not pays) and _folded_anyway(jaxpr, n, work, options):

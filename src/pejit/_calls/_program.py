@@ -31,6 +31,7 @@ from ._info import PejitInfo
 from ._keys import OtherSignature
 from .._fold._stats import BatchInfo, FoldStats
 from .._fold._primitives import CUSTOM_CALLS, all_eqns, subjaxprs
+from .._fold._values import bools_are_0_or_1
 from .._reports._report import FoldReport
 from .._residual._partial_eval import Residual, SharePlan
 
@@ -281,17 +282,16 @@ class Specialization:
     @property
     def compilable_in(self) -> bool:
         """Whether the folded constants can be compiled into the program: small arrays
-        (``pejit._fold._cost.compiled_in``) on one device of this process (typed PRNG keys
-        too, which ``jax.jit`` compiles in as their key data)."""
-        local = all(type(c) is np.ndarray or ((type(c) is _compat.ArrayImpl or _is_key(c)) and c.is_fully_addressable
-                                              and len(c.sharding.device_set) == 1) for c in self.consts)
-        # jax.jit's program compiles in no known work that XLA would fold its own way
-        # (AsGiven.folds_alike), and no bool the caller gave: it may hold any byte (a view
-        # of other bits), which jax.jit keeps; compiled in, it is 0 or 1
+        (``pejit._fold._cost.compiled_in``) on one device of this process (NumPy's, a
+        program's own ``TypedNdArray`` among them, and typed PRNG keys, which ``jax.jit``
+        compiles in as their key data), no bool holding a byte other than 0 or 1
+        (``pejit._fold._values.bools_are_0_or_1``), and in ``jax.jit``'s program no
+        known work that XLA would fold its own way (``AsGiven.folds_alike``)."""
         as_given = self.program.folding_program
-        given = isinstance(as_given, AsGiven) and (not as_given.folds_alike or any(
-            c.dtype == np.bool_ for c in self.consts))
-        return local and not given and inlinable(self.consts)
+        local = (isinstance(c, np.ndarray) or ((type(c) is _compat.ArrayImpl or _is_key(c)) and c.is_fully_addressable
+                                               and len(c.sharding.device_set) == 1) for c in self.consts)
+        return ((not isinstance(as_given, AsGiven) or as_given.folds_alike) and all(local)
+                and inlinable(self.consts) and bools_are_0_or_1(self.consts))
 
     @property
     def compiles_in(self) -> bool:

@@ -121,7 +121,7 @@ def specialize(
             traced = trace(retrace)
             per_values = isinstance(traced, PerValue)
             served = (traced.serves if not rules_run else None) if per_values else traced
-            seen = None if served is None else _look.look(served, info.fold_options, info.jit)
+            seen = None if served is None else _look.look(served, arrays, info.fold_options, info.jit)
 
         def fold_value() -> Specialization:
             if per_values:
@@ -163,7 +163,7 @@ def specialize(
                 served = None
             else:
                 served = traced.serves
-            seen = None if served is None else _look.look(served, info.fold_options, info.jit)
+            seen = None if served is None else _look.look(served, arrays, info.fold_options, info.jit)
         if seen is not None and seen.beside and beside:
             program, consts = unfolded_program(info, layout, seen, arrays, in_tree)
             const_pos, const_kw, arrays = held(const_pos), held(const_kw), held(arrays)

@@ -71,6 +71,23 @@ def byte_view(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
+def bools_are_0_or_1(values) -> bool:
+    """Whether each bool array among ``values`` holds bytes 0 and 1 alone.
+
+    A view of other bits as bools (JAX's tests' ``rand_fullrange``) holds any
+    byte, which ``jax.jit`` keeps where it is passed and a literal compiled in
+    makes 0 or 1: such a value is not compiled in. Reading one on an accelerator
+    copies it, as compiling it in would.
+
+    Examples:
+      >>> bools_are_0_or_1([np.array([True, False]), np.ones(2)])
+      True
+      >>> bools_are_0_or_1([np.array([2, 0], np.uint8).view(np.bool_)])
+      False
+    """
+    return all(v.dtype != np.bool_ or byte_view(np.asarray(v)).max(initial=0) <= 1 for v in values)
+
+
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
