@@ -107,7 +107,7 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 #: kernels flush to zero, is the one difference.
 EXACT = frozenset([
     "abs", "add", "add_any", "and", "argmax", "argmin", "bitcast_convert_type", "broadcast_in_dim", "ceil", "clamp",
-    "concatenate", "convert_element_type", "copy", "copy_p", "cummax", "cummin", "dynamic_slice",
+    "concatenate", "convert_element_type", "copy", "copy_p", "cummax", "cummin", "device_put", "dynamic_slice",
     "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota", "is_finite", "le", "lt", "max", "min", "mul",
     "ne", "neg", "not", "or", "pad", "random_bits", "random_fold_in", "random_seed", "random_split", "random_unwrap",
     "random_wrap", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reshape", "rev", "round", "scatter-max",
