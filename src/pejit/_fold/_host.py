@@ -47,7 +47,7 @@ import numpy as np
 from .. import _compat
 from . import _device, _recycle
 from ._primitives import CALLS, call_body
-from ._values import byte_view
+from ._values import bools_are_0_or_1
 
 #: dtypes the rules take: NumPy's arithmetic on these is IEEE's (floats),
 #: or they are only moved and compared
@@ -234,7 +234,7 @@ def convert_element_type(x, *, new_dtype, **_):
         return None
     if x.dtype in FLOATS and new not in FLOATS:
         return None  # float to int or bool: NumPy's rules for NaN and overflow are not XLA's
-    if x.dtype == np.bool_ and x.size and byte_view(x).max() > 1:
+    if not bools_are_0_or_1([x]):
         return None  # a bool byte other than 0 or 1 (a view of other bits): NumPy makes it 1, XLA keeps it
     return x.astype(new)
 
