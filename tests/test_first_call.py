@@ -136,7 +136,8 @@ def test_constants_only_read_by_the_dynamic_work_are_compiled_in():
     (lambda a: jnp.tile(a[:4], 2), rng.standard_normal(8).astype(np.float32)),
     (lambda a: a.at[np.array([1, 1, 3])].add(a[:3]), np.arange(-4, 4, dtype=np.int32)),  # an index added twice
     (lambda a: a.at[np.array([1, 3])].set(-a[:2], unique_indices=True), rng.standard_normal(8).astype(np.float32)),
-], ids=["signbit", "argmin", "cummax", "integer sum", "tile", "integer scatter-add", "scatter"])
+    (lambda a: jnp.remainder(a, a - 1), np.arange(-4, 4, dtype=np.int32)),  # a divisor guarded from zero
+], ids=["signbit", "argmin", "cummax", "integer sum", "tile", "integer scatter-add", "scatter", "remainder"])
 def test_exact_known_work_is_compiled_in(known, a):
     def f(a, x):
         return x * known(a)
@@ -146,6 +147,21 @@ def test_exact_known_work_is_compiled_in(known, a):
     np.testing.assert_array_equal(g(a, x), jax.jit(f)(a, x))
     spec = g.specialize(a, x)
     assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+
+
+@pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
+def test_an_integer_division_that_may_divide_by_zero_is_not_compiled_in():
+    # XLA's kernels give x % 0 = x, x // 0 = -1; its constant folding of either stops the
+    # process (SIGFPE, jaxlib 0.10.2): such a division's constants stay passed
+    def f(a, x):
+        return x * (jax.lax.rem(a, a - 1) + jax.lax.div(a, a - 1))
+
+    a, x = np.arange(-4, 4, dtype=np.int32), jnp.ones(8)
+    g = pejit(f, constant_argnums=0)
+    np.testing.assert_array_equal(g(a, x), jax.jit(f)(a, x))
+    spec = g.specialize(a, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and not spec.program.compiled_in
+    np.testing.assert_array_equal(g(a, x), jax.jit(f)(a, x))
 
 
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")

@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import inspect
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import jax
@@ -35,6 +35,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .. import _compat
 from .._fold import _cost, _device, _gc, _host, _known, _offload
+from .._fold._nonzero import GuardedDivisions
 from .._fold._options import FoldOptions
 from .._fold._primitives import all_eqns, called_jaxpr, folds_alike
 from .._fold._staging import ClosedOverTracer
@@ -180,6 +181,7 @@ class Look:
     pays: bool
     compile_in: bool = False
     beside: bool = False  # the fold runs beside jax.jit's first call (FoldOptions.beside)
+    guarded: Container = ()  # its integer divisions that cannot divide by zero (GuardedDivisions)
 
 
 def look(traced: Traced, arrays: Sequence[Any], options: FoldOptions, jitted: bool = True) -> Look:
@@ -201,7 +203,8 @@ def look(traced: Traced, arrays: Sequence[Any], options: FoldOptions, jitted: bo
 
     Where the known work is small, of primitives that XLA's constant folding
     computes as its kernels do (to the same bits, or elementwise functions of
-    floats to within a few ulps: :func:`pejit._fold._primitives.folds_alike`), on
+    floats to within a few ulps: :func:`pejit._fold._primitives.folds_alike`; an
+    integer division only where its divisor cannot be zero), on
     constants small enough to compile in (no bool among them holding a byte other
     than 0 or 1, which a literal would make 1:
     :func:`pejit._fold._values.bools_are_0_or_1`), and no fold that pays would
@@ -225,17 +228,18 @@ def look(traced: Traced, arrays: Sequence[Any], options: FoldOptions, jitted: bo
                              min_bytes=options.expansion_min_bytes)
     pays = not options.min_gain or work.pays(options.min_gain) or (not jitted and bool(work.folded))
     constants = [v.aval for v in jaxpr.invars[:n]]
+    guarded = GuardedDivisions(jaxpr)
     compile_in = (jitted and options.literals and bool(options.min_gain)
-                  and not (pays and work.rewrites) and folds_alike(work.folded, rounding=not pays)
+                  and not (pays and work.rewrites) and folds_alike(work.folded, not pays, guarded)
                   and _cost.compiling_in_folds(work.saved, sum(map(nbytes, constants)))
                   and bools_are_0_or_1([*consts, *arrays]))
     # asked only where it changes the decision: its walks (an affine region's search above
     # all) are a whole pass over a large program that folds anyway
     if (compile_in or not pays) and _folded_anyway(jaxpr, n, work, options):
-        return Look(traced, work, True, False)
+        return Look(traced, work, True, False, guarded=guarded)
     beside = (jitted and options.beside and pays and not compile_in and not traced.jaxpr.effects
               and not _fold_first(jaxpr, len(consts), n, work) and _lowerable(jaxpr))
-    return Look(traced, work, pays, compile_in, beside)
+    return Look(traced, work, pays, compile_in, beside, guarded)
 
 
 def _fold_first(jaxpr, first: int, n: int, work: _known.KnownWork) -> bool:

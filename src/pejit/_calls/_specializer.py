@@ -365,7 +365,7 @@ def unfolded_program(info: PejitInfo, layout: Layout, seen: _look.Look, arrays: 
     :class:`~pejit._calls._program.PerValue` reason), which the report gives."""
     traced = seen.traced
     jaxpr, consts = _compat.open_jaxpr(traced.jaxpr)
-    as_given = AsGiven(consts, seen.compile_in, folds_alike(seen.work.folded, rounding=True))
+    as_given = AsGiven(consts, seen.compile_in, folds_alike(seen.work.folded, True, seen.guarded))
     stats = FoldStats(notes=list(traced.notes))
     if per_value is not None:
         stats.notes.append(f"each new constant value would be traced and folded again ({per_value}), for too "

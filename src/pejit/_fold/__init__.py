@@ -15,7 +15,8 @@ as recipes (``_recipe``) in its ``Store`` (``_store``), equal folds once
 decision of pejit's asks (does this fold, hoist, split, collapse, compile
 pay?), from one measure per equation and the profile of the device the
 program runs on (``_device``); ``_known`` reads off a jaxpr what folding its
-known inputs would save, before anything is evaluated.
+known inputs would save, before anything is evaluated, and ``_nonzero``
+which of its integer divisions cannot divide by zero (what XLA may fold).
 
 The store computes values in batches: ``_plan`` splits a batch into
 segments and picks a back end for each; ``_batch`` holds the table of back

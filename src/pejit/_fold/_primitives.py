@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -100,9 +100,10 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 #: interpreter, computes them as its compiled kernels do (see :func:`folds_alike`);
 #: not so a sum or a product of floats (the order of their additions), or even
 #: ``clz`` (the corpus's ``lax.clz`` folded to -32 where ``jax.jit``'s kernel
-#: gives 0), nor an integer ``div`` or ``rem``: XLA's kernels divide by zero as
-#: XLA defines it (-1, and the dividend), its constant folding stops the process
-#: (SIGFPE, jaxlib 0.10.2: ``jax.jit`` closed over ``x % 0``). As
+#: gives 0), nor an integer ``div`` or ``rem`` but where its divisor cannot be
+#: zero: XLA's kernels divide by zero as XLA defines it (-1, and the dividend), its
+#: constant folding stops the process (SIGFPE, jaxlib 0.10.2: ``jax.jit`` closed
+#: over ``x % 0``; see :mod:`pejit._fold._nonzero`). As
 #: :mod:`pejit._fold._host` says of its rules, a subnormal float, which a CPU's
 #: kernels flush to zero, is the one difference.
 EXACT = frozenset([
@@ -121,6 +122,9 @@ EXACT_ON_INTEGERS = frozenset([
     "cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_xor", "scatter-add", "scatter-mul",
     "scatter-sub",
 ])
+
+#: Divisions: of integers, exact where the divisor cannot be zero (see :data:`EXACT`).
+DIVISIONS = frozenset(["div", "rem"])
 
 #: Scatters that replace: where two updates write one element, which of them is
 #: left is the implementation's (XLA's semantics), exact where the indices are
@@ -199,15 +203,17 @@ def call_body(params: dict) -> tuple:
     return getattr(body, "jaxpr", body), getattr(body, "consts", ())
 
 
-def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
+def folds_alike(eqns: Sequence[Any], rounding: bool = False, guarded: Container = ()) -> bool:
     """Whether XLA's constant folding computes ``eqns`` (of a call or a custom rule's
     call: its body's) as its kernels do: each equation is of an :data:`EXACT`
     primitive, or of an :data:`EXACT_ON_INTEGERS` one on no floats (with
     ``rounding``, on floats too: the same sum, rounded in another order), or a
     scatter that replaces (:data:`REPLACES`) at unique indices (with ``rounding``,
-    at any), or of a :data:`FEW_ULPS` one on real floats alone, or a sort of one
-    operand (equal elements are equal, whatever their order); but a conversion of
-    floats to integers (out of range, each implementation's own), and none of types narrower
+    at any), or an integer division among those ``guarded`` (whose divisor cannot
+    be zero: :class:`pejit._fold._nonzero.GuardedDivisions`), or of a
+    :data:`FEW_ULPS` one on real floats alone, or a sort of one operand (equal
+    elements are equal, whatever their order); but a conversion of floats to
+    integers (out of range, each implementation's own), and none of types narrower
     than a byte, which XLA's constant folding packs its own way (a ``float32``
     bitcast to ``uint4`` folds to other nibbles than its kernel gives: JAX's
     ``testBitcastConvertType``; so does ``jax.jit`` closed over the value).
@@ -236,13 +242,16 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False) -> bool:
             return False
         if name in CALLS or name in CUSTOM_CALLS:
             body = call_body(e.params)[0]
-            if body is None or not folds_alike(body.eqns, rounding):
+            if body is None or not folds_alike(body.eqns, rounding, guarded):
                 return False
         elif name in EXACT_ON_INTEGERS:
             if not rounding and any(_inexact(v) for v in (*e.invars, *e.outvars)):
                 return False
         elif name in REPLACES:
             if not rounding and not e.params.get("unique_indices"):
+                return False
+        elif name in DIVISIONS and not _inexact(e.outvars[0]):
+            if e not in guarded:
                 return False
         elif name == "sort":
             if len(e.invars) != 1:
