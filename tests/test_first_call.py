@@ -137,7 +137,11 @@ def test_constants_only_read_by_the_dynamic_work_are_compiled_in():
     (lambda a: a.at[np.array([1, 1, 3])].add(a[:3]), np.arange(-4, 4, dtype=np.int32)),  # an index added twice
     (lambda a: a.at[np.array([1, 3])].set(-a[:2], unique_indices=True), rng.standard_normal(8).astype(np.float32)),
     (lambda a: jnp.remainder(a, a - 1), np.arange(-4, 4, dtype=np.int32)),  # a divisor guarded from zero
-], ids=["signbit", "argmin", "cummax", "integer sum", "tile", "integer scatter-add", "scatter", "remainder"])
+    (jnp.argsort, np.asarray([2.0, -0.0, 2.0, 0.0, 1.0, 2.0, np.nan, 1.0], np.float32)),  # equal keys, stable
+    (jax.lax.population_count, np.arange(-4, 4, dtype=np.int32)),
+    (lambda a: jnp.nextafter(a, 0.0), rng.standard_normal(8).astype(np.float32)),
+], ids=["signbit", "argmin", "cummax", "integer sum", "tile", "integer scatter-add", "scatter", "remainder", "argsort",
+        "population_count", "nextafter"])
 def test_exact_known_work_is_compiled_in(known, a):
     def f(a, x):
         return x * known(a)

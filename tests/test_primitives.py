@@ -49,6 +49,38 @@ def test_scatters_fold_alike_as_the_reductions_they_are():
     assert folds_alike(_eqns(lambda a: jnp.tile(jax.device_put(a), 3), f32))
 
 
+def test_sorts_fold_alike_where_equal_keys_keep_an_order():
+    f32 = jnp.asarray([2.0, -0.0, 2.0, 0.0, 1.0])
+    assert folds_alike(_eqns(jnp.sort, f32))  # one operand: equal elements are interchangeable
+    # argsort sorts the keys with their indices, stably: equal keys keep theirs, in both
+    assert folds_alike(_eqns(jnp.argsort, f32))
+    assert folds_alike(_eqns(lambda a: lax.sort((a, -a), num_keys=2, is_stable=True), f32))
+    # unstable, which of two equal keys' companions comes first is the implementation's
+    assert not folds_alike(_eqns(lambda a: lax.sort((a, -a), num_keys=1, is_stable=False), f32))
+
+
+def test_window_reductions_fold_alike_as_the_sums_they_are():
+    i32, f32 = jnp.arange(8, dtype=jnp.int32), jnp.ones(8)
+    lowest, highest = jnp.iinfo(jnp.int32).min, jnp.iinfo(jnp.int32).max
+    for op, identity, name in ((lax.add, (0, 0.0), "sum"), (lax.max, (lowest, -jnp.inf), "max"),
+                               (lax.min, (highest, jnp.inf), "min")):
+        integers = _eqns(lambda a: lax.reduce_window(a, identity[0], op, (3,), (1,), "VALID"), i32)
+        assert [e.primitive.name for e in integers] == [f"reduce_window_{name}"]
+        assert folds_alike(integers)
+        window = _eqns(lambda a: lax.reduce_window(a, identity[1], op, (3,), (1,), "VALID"), f32)
+        # on floats, in XLA's order: of the additions, of a maximum's 0.0 and -0.0
+        assert not folds_alike(window) and folds_alike(window, rounding=True)
+    logsumexp = _eqns(lambda a: lax.cumlogsumexp(a), f32)
+    assert not folds_alike(logsumexp) and folds_alike(logsumexp, rounding=True)
+
+
+def test_bit_counts_and_neighbours_fold_alike():
+    assert folds_alike(_eqns(lax.population_count, jnp.arange(8, dtype=jnp.int32)))
+    assert folds_alike(_eqns(lambda a: lax.nextafter(a, jnp.zeros_like(a)), jnp.ones(8)))
+    # but clz, which XLA's constant folding gives as -32 where its kernel gives 0
+    assert not folds_alike(_eqns(lax.clz, jnp.arange(-4, 4, dtype=jnp.int32)))
+
+
 def test_an_integer_division_folds_alike_where_its_divisor_cannot_be_zero():
     # XLA's kernels give x // 0 = -1 and x % 0 = x; its constant folding of either stops
     # the process (SIGFPE: jax.jit closed over x % 0, jaxlib 0.10.2), so it is left to it

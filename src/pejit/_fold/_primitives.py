@@ -92,10 +92,11 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 
 
 #: Primitives whose result is the same bits however it is computed: data movement,
-#: bit reinterpretation and shifts, comparisons and selection, the correctly
-#: rounded IEEE ``+ - *``, ``max`` and ``min`` (their reductions and cumulative
-#: forms too, and the index of a minimum or maximum: no order of them changes the
-#: result), rounding to integers, integer and bitwise arithmetic (which wraps),
+#: bit reinterpretation, shifts and counts of set bits, comparisons and selection,
+#: the correctly rounded IEEE ``+ - *``, ``max`` and ``min`` (their reductions and
+#: cumulative forms too, and the index of a minimum or maximum: no order of them
+#: changes the result), rounding to integers, a float's neighbour (``nextafter``),
+#: integer and bitwise arithmetic (which wraps),
 #: and the counter-based PRNG (integer arithmetic). XLA's constant folding, an
 #: interpreter, computes them as its compiled kernels do (see :func:`folds_alike`);
 #: not so a sum or a product of floats (the order of their additions), or even
@@ -109,18 +110,21 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 EXACT = frozenset([
     "abs", "add", "add_any", "and", "argmax", "argmin", "bitcast_convert_type", "broadcast_in_dim", "ceil", "clamp",
     "concatenate", "convert_element_type", "copy", "copy_p", "cummax", "cummin", "device_put", "dynamic_slice",
-    "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota", "is_finite", "le", "lt", "max", "min", "mul",
-    "ne", "neg", "not", "or", "pad", "random_bits", "random_fold_in", "random_seed", "random_split", "random_unwrap",
-    "random_wrap", "reduce_and", "reduce_max", "reduce_min", "reduce_or", "reshape", "rev", "round", "scatter-max",
-    "scatter-min", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice",
-    "split", "squeeze", "stack", "stop_gradient", "sub", "threefry2x32", "tile", "transpose", "unstack", "xor",
+    "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota", "is_finite", "le", "lt", "max", "min",
+    "mul", "ne", "neg", "nextafter", "not", "or", "pad", "population_count", "random_bits", "random_fold_in",
+    "random_seed", "random_split", "random_unwrap", "random_wrap", "reduce_and", "reduce_max", "reduce_min",
+    "reduce_or", "reshape", "rev", "round", "scatter-max", "scatter-min", "select_n", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze", "stack", "stop_gradient",
+    "sub", "threefry2x32", "tile", "transpose", "unstack", "xor",
 ])
 
 #: Sums and products, exact on integers and booleans alone: addition that wraps is
-#: associative, so no order of it changes the result.
+#: associative, so no order of it changes the result. On floats the order is XLA's
+#: own (a window's maximum of ``0.0`` and ``-0.0`` is the one it meets first; a
+#: ``cumlogsumexp`` is a sum of exponentials), as :func:`folds_alike`'s ``rounding`` allows.
 EXACT_ON_INTEGERS = frozenset([
-    "cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_xor", "scatter-add", "scatter-mul",
-    "scatter-sub",
+    "cumlogsumexp", "cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_window_max",
+    "reduce_window_min", "reduce_window_sum", "reduce_xor", "scatter-add", "scatter-mul", "scatter-sub",
 ])
 
 #: Divisions: of integers, exact where the divisor cannot be zero (see :data:`EXACT`).
@@ -212,7 +216,8 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False, guarded: Container 
     at any), or an integer division among those ``guarded`` (whose divisor cannot
     be zero: :class:`pejit._fold._nonzero.GuardedDivisions`), or of a
     :data:`FEW_ULPS` one on real floats alone, or a sort of one operand (equal
-    elements are equal, whatever their order); but a conversion of floats to
+    elements are equal, whatever their order) or a stable sort (equal keys keep
+    their order: ``argsort``, ``random.permutation``); but a conversion of floats to
     integers (out of range, each implementation's own), and none of types narrower
     than a byte, which XLA's constant folding packs its own way (a ``float32``
     bitcast to ``uint4`` folds to other nibbles than its kernel gives: JAX's
@@ -254,7 +259,7 @@ def folds_alike(eqns: Sequence[Any], rounding: bool = False, guarded: Container 
             if e not in guarded:
                 return False
         elif name == "sort":
-            if len(e.invars) != 1:
+            if len(e.invars) != 1 and not e.params["is_stable"]:
                 return False
         elif name in FEW_ULPS:
             if not all(dtypes.issubdtype(v.aval.dtype, np.floating) for v in (*e.invars, *e.outvars)):
