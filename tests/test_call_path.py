@@ -171,6 +171,26 @@ def test_a_mutated_numpy_constant_is_never_stale_on_the_memo(form):
     np.testing.assert_allclose(call(), a @ x, rtol=1e-5)
 
 
+@pytest.mark.parametrize("form", ["call-time", "TFC"])
+def test_a_typed_key_constant_is_known_by_its_identity(form):
+    # nobody can change a typed key: the memo checks nothing on a call (a pytree it would
+    # flatten again), and the TFC form is one jax.jit function, the key compiled in
+    def noisy(key, x):
+        return x + jax.random.normal(key, x.shape)
+
+    key, other, x = jax.random.key(3), jax.random.key(4), jnp.ones(4)
+    if form == "TFC":
+        f = pj(key, x, constant_arg_nums=[0])(noisy)
+        np.testing.assert_allclose(f(x), jax.jit(noisy)(key, x), rtol=1e-6)
+        assert f._call is f.specialize(x).call  # jax.jit's program, with the key in
+    else:
+        f = pj(noisy, constant_argnums=0)
+        for k in (key, key, other, other):
+            np.testing.assert_allclose(f(k, x), jax.jit(noisy)(k, x), rtol=1e-6)
+        *_, guard, call = call_path(f).caches.fast_path().last[0]
+        assert guard is None and call is f.specialize(other, x).call
+
+
 def test_the_memo_steps_aside_under_disable_jit_named_axes_and_outer_traces():
     seen = []
 

@@ -237,9 +237,15 @@ def fixed_array(c: Any) -> bool:
 
 
 def unchangeable(c: Any) -> bool:
-    """Whether nobody can change constant ``c``: a :func:`fixed_array`, or one
-    of :data:`IMMUTABLE_SCALARS`."""
-    return fixed_array(c) or isinstance(c, IMMUTABLE_SCALARS)
+    """Whether nobody can change constant ``c``: a :func:`fixed_array`, a typed PRNG
+    key (:func:`is_key`: JAX gives no way to change one), or one of
+    :data:`IMMUTABLE_SCALARS`."""
+    return fixed_array(c) or isinstance(c, IMMUTABLE_SCALARS) or (is_key(c) and not isinstance(c, _compat.Tracer))
+
+
+def is_key(c: Any) -> bool:
+    """Whether ``c`` is an array of typed PRNG keys (``jax.random.key``)."""
+    return isinstance(c, jax.Array) and jax.dtypes.issubdtype(c.dtype, jax.dtypes.prng_key)
 
 
 #: Leaves of static values that JAX keys by identity or hash, and nobody changes in place.

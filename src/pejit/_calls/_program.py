@@ -28,7 +28,7 @@ from .._fold import _batch, _cost, _gc, _host, _offload
 from . import _argnums
 from ._dispatch import Layout
 from ._info import PejitInfo
-from ._keys import OtherSignature
+from ._keys import OtherSignature, is_key
 from .._fold._stats import BatchInfo, FoldStats
 from .._fold._primitives import CUSTOM_CALLS, all_eqns, subjaxprs
 from .._fold._values import bools_are_0_or_1
@@ -288,7 +288,7 @@ class Specialization:
         (``pejit._fold._values.bools_are_0_or_1``), and in ``jax.jit``'s program no
         known work that XLA would fold its own way (``AsGiven.folds_alike``)."""
         as_given = self.program.folding_program
-        local = (isinstance(c, np.ndarray) or ((type(c) is _compat.ArrayImpl or _is_key(c)) and c.is_fully_addressable
+        local = (isinstance(c, np.ndarray) or ((type(c) is _compat.ArrayImpl or is_key(c)) and c.is_fully_addressable
                                                and len(c.sharding.device_set) == 1) for c in self.consts)
         return ((not isinstance(as_given, AsGiven) or as_given.folds_alike) and all(local)
                 and inlinable(self.consts) and bools_are_0_or_1(self.consts))
@@ -405,10 +405,6 @@ def _spliced(fun: Callable) -> Callable:
     enclosing program runs it (a ``jax.jit`` object is tens of microseconds to make)."""
     jitted = functools.cache(lambda: jax.jit(fun, inline=True))
     return functools.wraps(fun)(lambda *args, **kwargs: jitted()(*args, **kwargs))
-
-
-def _is_key(c) -> bool:
-    return isinstance(c, jax.Array) and jax.dtypes.issubdtype(c.dtype, jax.dtypes.prng_key)
 
 
 def why_per_value(jaxpr, traces: Sequence[weakref.ref], mark: int | None = None) -> str | None:
