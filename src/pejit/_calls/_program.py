@@ -321,13 +321,28 @@ class Specialization:
         one is not compiled ahead for it, see
         `pejit._calls._specializer.runner_ahead`: a large program compiles
         for seconds, and a first call should compile it once, not once per
-        variant).
+        variant), unless it compiles beside the first calls (``compile_in_beside``).
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """
         if self.compiles_in:
             self.program.compiled_in = True
             self._constants_in(jit_kwargs)
+
+    def compile_in_beside(self, jit_kwargs: dict) -> Callable[[], Specialization]:
+        """The work of ``compile_in`` for a worker, where this is ``jax.jit``'s program: a
+        copy of this specialization with its constants compiled in. The first calls run
+        this one as ``jax.jit`` runs it, the constants passed, while XLA compiles them in
+        beside them (see ``pejit._calls._beside``), for what they would add to the
+        first call's compile (XLA folding their work). Other values of the structure
+        pass theirs, as after ``compile_in``."""
+        self.program.compiled_in = True
+        return functools.partial(self._compiled_in, jit_kwargs)
+
+    def _compiled_in(self, jit_kwargs: dict) -> Specialization:
+        spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
+        spec._constants_in(jit_kwargs)
+        return spec
 
     def _constants_in(self, jit_kwargs: dict) -> None:
         """Call this value's program with its constants compiled in (see ``compile_in``).
