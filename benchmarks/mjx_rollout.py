@@ -117,8 +117,7 @@ def per_call(model: str, rounds: int) -> dict:
     fns = calls(rollout, mx, dx, f)
     fns[READ_ONLY] = lambda: g(frozen, dx)
     outs = {k: np.asarray(fn()) for k, fn in fns.items()}
-    # per call is what serves from then on: where pejit compiles the model in beside the
-    # first calls (the small model), the program that compiles (a few seconds)
+    # per call is what serves from then on (the staged API waits for work beside the first calls)
     f.specialize(mx, dx), g.specialize(frozen, dx)
     # a program compiled with the model in it rounds apart (XLA folds it: closed over too)
     for k, v in outs.items():

@@ -19,13 +19,11 @@ Python's lock: on two cores, 20 small programs called once each took
 1.3-1.5x ``jax.jit``'s time with their work beside them started after each
 first result). With one core nothing runs beside: the first call folds.
 
-The same worker compiles in the small constants of ``jax.jit``'s own
-program where the fold does not pay (``Look.compile_in``): the first calls
-run it as ``jax.jit`` runs it, the constants passed, while XLA compiles a
-copy with them in (from the second call on, as a fold), folding their work
-as it does for the arrays a function closes over, for later calls
-(:meth:`~pejit._calls._program.Specialization.compile_in_beside`); compiled on the
-first call, they would add XLA's folding to that call's compile.
+Small constants whose work XLA folds as it compiles (``Look.compile_in``)
+need nothing beside: the first call compiles them in, one compile, as
+``jax.jit`` compiles the arrays a function closes over (their work folded,
+the program often compiles faster than ``jax.jit``'s with them passed:
+``benchmarks/first_call.py``).
 
 When the fold is ready, the cache swaps it in for the call's key
 (:meth:`pejit._calls._cache.Caches.specialization`): the next call runs the
@@ -46,8 +44,7 @@ The worker runs under the caller's configuration (``jax.enable_x64``, a
 default device: :func:`pejit._compat.carry_config`) and context variables
 (a device profile asked for). Only calls at the top
 level fold beside (not under a transformation, nor with donated arguments,
-nor with placed constants), and only programs without effects (a compile
-beside, which runs nothing, also those with effects).
+nor with placed constants), and only programs without effects.
 """
 
 from __future__ import annotations

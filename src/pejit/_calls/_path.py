@@ -46,7 +46,7 @@ from ._dispatch import Layout, dispatcher, memo
 from ._info import PejitInfo, jit_options, parse_pejit_arguments, positions, split_call
 from ._keys import CallKey, TracedConstant, constant_key, constants_key, is_array, types_key, watched
 from ._passthrough import JitPath
-from ._program import AsGiven, OtherSignature, Specialization, jit_kwargs_for
+from ._program import OtherSignature, Specialization, jit_kwargs_for
 from ._specializer import specialize
 from ._stages import Lowered, Traced
 
@@ -349,9 +349,7 @@ class CallPath:
         const_leaves = jax.tree_util.tree_leaves(([v for _, v in const_pos], [v for _, v in const_kw]))
         _errors.check_constants(info.name, const_leaves, self._hints)
         finish = functools.partial(self._finish, layout, const_leaves)
-        # one value's constants compile in at once: the TFC form's first call is then its
-        # only compile (it inlines that program), not one with them passed and one beside
-        finish(spec, beside and info.fold_options.beside and not info.one_value)
+        finish(spec)
         if spec.pending is not None:
             def finish_beside(folded: Specialization) -> None:
                 finish(folded)
@@ -366,19 +364,14 @@ class CallPath:
         differentiates them itself (see :meth:`_run`), not through pejit's rule."""
         return not (self.info.jit and self.info.fold_options.derivatives and not self._of_derivative)
 
-    def _finish(self, layout: Layout, const_leaves: list, spec: Specialization, beside: bool = False) -> None:
+    def _finish(self, layout: Layout, const_leaves: list, spec: Specialization) -> None:
         """What a new specialization needs before it serves: its small constants compiled
-        in (``beside`` the first calls, where it is ``jax.jit``'s program: see
-        :meth:`~pejit._calls._program.Specialization.compile_in_beside`), and the check that
+        in (:meth:`~pejit._calls._program.Specialization.compile_in`), and the check that
         something folded."""
         if spec.pending is not None:  # (jax.jit's program, serving while the fold runs beside it)
             return
         if self.info.jit and self.info.fold_options.literals:
-            jit_kwargs = jit_kwargs_for(self.info, layout, 0)
-            if beside and spec.compiles_in and isinstance(spec.program.folding_program, AsGiven):
-                spec.pending = spec.compile_in_beside(jit_kwargs)
-            else:
-                spec.compile_in(jit_kwargs)
+            spec.compile_in(jit_kwargs_for(self.info, layout, 0))
         _errors.check_folded(self.info.name, spec, const_leaves, self._hints)
 
     def _check_respecializing(self) -> None:

@@ -321,28 +321,13 @@ class Specialization:
         one is not compiled ahead for it, see
         `pejit._calls._specializer.runner_ahead`: a large program compiles
         for seconds, and a first call should compile it once, not once per
-        variant), unless it compiles beside the first calls (``compile_in_beside``).
+        variant).
         ``jit_kwargs``: ``jax.jit``'s options for a function of the dynamic
         arguments alone.
         """
         if self.compiles_in:
             self.program.compiled_in = True
             self._constants_in(jit_kwargs)
-
-    def compile_in_beside(self, jit_kwargs: dict) -> Callable[[], Specialization]:
-        """The work of ``compile_in`` for a worker, where this is ``jax.jit``'s program: a
-        copy of this specialization with its constants compiled in. The first calls run
-        this one as ``jax.jit`` runs it, the constants passed, while XLA compiles them in
-        beside them (see ``pejit._calls._beside``), for what they would add to the
-        first call's compile (XLA folding their work). Other values of the structure
-        pass theirs, as after ``compile_in``."""
-        self.program.compiled_in = True
-        return functools.partial(self._compiled_in, jit_kwargs)
-
-    def _compiled_in(self, jit_kwargs: dict) -> Specialization:
-        spec = Specialization(self.program, self.consts, self.fold_seconds, self._residual)
-        spec._constants_in(jit_kwargs)
-        return spec
 
     def _constants_in(self, jit_kwargs: dict) -> None:
         """Call this value's program with its constants compiled in (see ``compile_in``).
@@ -371,6 +356,8 @@ class Specialization:
         else:  # the runner itself, not its jax.jit (whose options are for the outermost jit)
             run, consts = getattr(self.program.run, "__wrapped__", self.program.run), self.consts
 
+        consts = [_copied(c) for c in consts]
+
         def residual(*args, **kwargs):  # closing over them (jax.jit flattens a partial's arguments)
             return run(*consts, *args, **kwargs)
 
@@ -398,6 +385,20 @@ class Specialization:
     @property
     def report(self) -> FoldReport:
         return self.residual.report
+
+
+def _copied(c: Any) -> Any:
+    """A NumPy constant ``c`` as a trace may close over it: a copy, in the type JAX gives it.
+
+    JAX keeps the converted copy of a NumPy array that a trace closes over
+    (a float64 array where 64-bit mode is off) by the array's identity (jaxlib's
+    value canonicalization, 0.10 to 0.12 at least): closed over as given, a user's
+    array written after the call would be read stale by every later
+    ``jax.device_put`` or ``jnp.asarray`` of it, pejit's own fold of the new value
+    among them. (Not a program's own ``TypedNdArray``: JAX's, weak type and all.)"""
+    if type(c) is np.ndarray:
+        return np.array(c, jax.dtypes.canonicalize_dtype(c.dtype))
+    return c
 
 
 def _spliced(fun: Callable) -> Callable:
