@@ -93,11 +93,11 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 
 #: Primitives whose result is the same bits however it is computed: data movement,
 #: bit reinterpretation, shifts and counts of set bits, comparisons and selection,
-#: the correctly rounded IEEE ``+ - *``, ``max`` and ``min`` (their reductions and
-#: cumulative forms too, and the index of a minimum or maximum: no order of them
-#: changes the result), rounding to integers, a float's neighbour (``nextafter``),
-#: integer and bitwise arithmetic (which wraps),
-#: and the counter-based PRNG (integer arithmetic). XLA's constant folding, an
+#: the correctly rounded IEEE ``+ - *``, ``max`` and ``min`` (their reductions,
+#: windows, cumulative forms and scatters too, and the index of a minimum or maximum:
+#: no order of them changes the result but for the sign of a zero, below), rounding
+#: to integers, a float's neighbour (``nextafter``), integer and bitwise arithmetic
+#: (which wraps), and the counter-based PRNG (integer arithmetic). XLA's constant folding, an
 #: interpreter, computes them as its compiled kernels do (see :func:`folds_alike`);
 #: not so a sum or a product of floats (the order of their additions), or even
 #: ``clz`` (the corpus's ``lax.clz`` folded to -32 where ``jax.jit``'s kernel
@@ -106,25 +106,31 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 #: constant folding stops the process (SIGFPE, jaxlib 0.10.2: ``jax.jit`` closed
 #: over ``x % 0``; see :mod:`pejit._fold._nonzero`). As
 #: :mod:`pejit._fold._host` says of its rules, a subnormal float, which a CPU's
-#: kernels flush to zero, is the one difference.
+#: kernels flush to zero, is one difference; the other is which zero an extremum of
+#: ``0.0`` and ``-0.0`` keeps (equal under ``==``): the first it meets, in XLA's
+#: order, which its constant folding and its kernels do not share (jaxlib 0.10.2,
+#: ``jax.jit`` closed over against passed: 8-20 of 60 arrays holding both zeros
+#: for ``reduce_max``, ``reduce_min``, ``cummax``; never for elementwise ``max``).
+#: Smaller than :data:`FEW_ULPS`' differences, it is left to XLA as they are:
+#: ``jax.jit`` closed over the constants gives the same.
 EXACT = frozenset([
     "abs", "add", "add_any", "and", "argmax", "argmin", "bitcast_convert_type", "broadcast_in_dim", "ceil", "clamp",
     "concatenate", "convert_element_type", "copy", "copy_p", "cummax", "cummin", "device_put", "dynamic_slice",
     "dynamic_update_slice", "eq", "floor", "gather", "ge", "gt", "iota", "is_finite", "le", "lt", "max", "min",
     "mul", "ne", "neg", "nextafter", "not", "or", "pad", "population_count", "random_bits", "random_fold_in",
     "random_seed", "random_split", "random_unwrap", "random_wrap", "reduce_and", "reduce_max", "reduce_min",
-    "reduce_or", "reshape", "rev", "round", "scatter-max", "scatter-min", "select_n", "shift_left",
-    "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze", "stack", "stop_gradient",
+    "reduce_or", "reduce_window_max", "reduce_window_min", "reshape", "rev", "round", "scatter-max", "scatter-min",
+    "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze", "stack", "stop_gradient",
     "sub", "threefry2x32", "tile", "transpose", "unstack", "xor",
 ])
 
 #: Sums and products, exact on integers and booleans alone: addition that wraps is
 #: associative, so no order of it changes the result. On floats the order is XLA's
-#: own (a window's maximum of ``0.0`` and ``-0.0`` is the one it meets first; a
-#: ``cumlogsumexp`` is a sum of exponentials), as :func:`folds_alike`'s ``rounding`` allows.
+#: own (a ``cumlogsumexp`` is a sum of exponentials; ``inf`` plus ``-inf`` against an
+#: overflow), as :func:`folds_alike`'s ``rounding`` allows.
 EXACT_ON_INTEGERS = frozenset([
-    "cumlogsumexp", "cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_window_max",
-    "reduce_window_min", "reduce_window_sum", "reduce_xor", "scatter-add", "scatter-mul", "scatter-sub",
+    "cumlogsumexp", "cumprod", "cumsum", "dot_general", "reduce_prod", "reduce_sum", "reduce_window_sum",
+    "reduce_xor", "scatter-add", "scatter-mul", "scatter-sub",
 ])
 
 #: Divisions: of integers, exact where the divisor cannot be zero (see :data:`EXACT`).
