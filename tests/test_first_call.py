@@ -614,7 +614,8 @@ def test_a_first_call_builds_no_jax_jit_of_the_function_and_no_report(monkeypatc
     jitted, reports = [], []
     real_jit, real_build = jax.jit, FoldReport.build.__func__
     # (wrapped: pejit reads jax.jit's signature once, for its keywords)
-    monkeypatch.setattr(jax, "jit", functools.wraps(real_jit)(lambda fun, **kw: jitted.append(fun) or real_jit(fun, **kw)))
+    counting_jit = functools.wraps(real_jit)(lambda fun, **kw: jitted.append(fun) or real_jit(fun, **kw))
+    monkeypatch.setattr(jax, "jit", counting_jit)
     monkeypatch.setattr(FoldReport, "build", classmethod(lambda cls, *a, **k: reports.append(1) or real_build(cls, *a, **k)))
     f = pejit(little, constant_argnums=0, fold_options=FoldOptions(beside=False))
     a, x = jnp.asarray(rng.standard_normal((16, 16)), jnp.float32), jnp.ones(256)

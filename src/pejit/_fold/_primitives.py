@@ -97,8 +97,8 @@ CALLS = frozenset(["jit", "pjit", "closed_call", "known_part", "folded_batch"])
 #: windows, cumulative forms and scatters too, and the index of a minimum or maximum:
 #: no order of them changes the result but for the sign of a zero, below), rounding
 #: to integers, a float's neighbour (``nextafter``), integer and bitwise arithmetic
-#: (which wraps), and the counter-based PRNG (integer arithmetic). XLA's constant folding, an
-#: interpreter, computes them as its compiled kernels do (see :func:`folds_alike`);
+#: (which wraps), and the counter-based PRNG (integer arithmetic). XLA's constant
+#: folding, an interpreter, computes them as its compiled kernels do (see :func:`folds_alike`);
 #: not so a sum or a product of floats (the order of their additions), or even
 #: ``clz`` (the corpus's ``lax.clz`` folded to -32 where ``jax.jit``'s kernel
 #: gives 0), nor an integer ``div`` or ``rem`` but where its divisor cannot be
@@ -120,8 +120,8 @@ EXACT = frozenset([
     "mul", "ne", "neg", "nextafter", "not", "or", "pad", "population_count", "random_bits", "random_fold_in",
     "random_seed", "random_split", "random_unwrap", "random_wrap", "reduce_and", "reduce_max", "reduce_min",
     "reduce_or", "reduce_window_max", "reduce_window_min", "reshape", "rev", "round", "scatter-max", "scatter-min",
-    "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze", "stack", "stop_gradient",
-    "sub", "threefry2x32", "tile", "transpose", "unstack", "xor",
+    "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "slice", "split", "squeeze",
+    "stack", "stop_gradient", "sub", "threefry2x32", "tile", "transpose", "unstack", "xor",
 ])
 
 #: Sums and products, exact on integers and booleans alone: addition that wraps is
