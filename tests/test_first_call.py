@@ -149,6 +149,22 @@ def test_exact_known_work_is_compiled_in(known, a):
     assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
 
 
+@pytest.mark.parametrize("bounds", [(-4, 9), (jnp.int32(-4), jnp.int32(9))], ids=["literals", "constants"])
+def test_random_integers_of_a_constant_key_are_compiled_in(bounds):
+    # randint divides by its span, which cannot be zero (pejit._fold._nonzero): XLA folds it
+    def f(key, x):
+        k, lo, hi = key
+        return x + jax.random.randint(k, (8,), lo, hi)
+
+    key, x = (jax.random.key(1), *bounds), jnp.ones(8, jnp.int32)
+    g = pejit(f, constant_argnums=0)
+    np.testing.assert_array_equal(g(key, x), jax.jit(f)(key, x))
+    spec = g.specialize(key, x)
+    assert isinstance(spec.program.folding_program, AsGiven) and spec.program.compiled_in
+    entry = spec.call.lower(x).compile().as_text().split("ENTRY")[1]
+    assert entry.count("parameter(") == 1  # x alone
+
+
 @pytest.mark.filterwarnings("ignore::pejit.NothingFoldedWarning")
 def test_an_integer_division_that_may_divide_by_zero_is_not_compiled_in():
     # XLA's kernels give x % 0 = x, x // 0 = -1; its constant folding of either stops the

@@ -2,6 +2,8 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from jax import lax
 
 from pejit._fold._nonzero import GuardedDivisions
@@ -116,9 +118,68 @@ def test_an_integer_division_folds_alike_where_its_divisor_cannot_be_zero():
     assert not alike(lambda x, y: lax.rem(x, jnp.where(y == 1, 1, y)), i32, i32)
     assert not alike(lambda x, y: lax.rem(x.astype(jnp.uint8), jnp.where(y == 0, 1, y).astype(jnp.uint8)),
                      i32, i32)  # 256 -> 0
+    i8 = i32.astype(jnp.int8)
+    assert not alike(lambda x, y: lax.rem(x.astype(jnp.int4), jnp.where(y == 0, 1, y).astype(jnp.int4)),
+                     i8, i8)  # 16 -> 0, in a type as many bytes wide
     # one body, called with a guarded divisor and with one that is not: not safe
     divide = jax.jit(lax.rem)
     assert not alike(lambda x, y: divide(x, jnp.where(y == 0, 1, y)) + divide(x, y), i32, i32)
     assert alike(lambda x, y: divide(x, jnp.where(y == 0, 1, y)) + divide(y, jnp.where(x == 0, 1, x)), i32, i32)
     # floats divide as XLA defines it either way: within a few ulps
     assert alike(lax.div, i32 * 1.0, i32 * 1.0)
+
+
+def _alike(fun, *args):
+    jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
+    return folds_alike(jaxpr.eqns, True, GuardedDivisions(jaxpr))
+
+
+INT32 = np.iinfo(np.int32)
+
+#: a divisor of x and y (int32), and whether the pass may call it nonzero: by the range
+#: of its elements, or by the comparison that selects it
+DIVISORS = {
+    "x - y where not x <= y": (lambda x, y: jnp.where(x <= y, 1, x - y), True),
+    "x - y where x <= y": (lambda x, y: jnp.where(x <= y, x - y, 1), False),
+    "x - y where not x < y": (lambda x, y: jnp.where(x < y, 1, x - y), False),
+    "y - x where x < y": (lambda x, y: jnp.where(x < y, y - x, 1), True),
+    "x - y where x > 2": (lambda x, y: jnp.where(x > 2, x - y, 1), False),
+    "x - y as uint32 where x != y": (lambda x, y: jnp.where(x == y, 1, (x - y).astype(jnp.uint32)), True),
+    "x - y as int8 where not x <= y": (lambda x, y: jnp.where(x <= y, 1, (x - y).astype(jnp.int8)), False),
+    "clip(y, 1, 5)": (lambda x, y: jnp.clip(y, 1, 5), True),
+    "clip(y, 0, 5)": (lambda x, y: jnp.clip(y, 0, 5), False),
+    "clip(y, 0, 5) + 1": (lambda x, y: jnp.clip(y, 0, 5) + 1, True),
+    "clip(y, 0, 5) - 10": (lambda x, y: jnp.clip(y, 0, 5) - 10, True),
+    "y + 1": (lambda x, y: y + 1, False),  # INT32_MAX + 1 wraps to INT32_MIN, and -1 + 1 is 0
+    "maximum(y, 1)": (lambda x, y: jnp.maximum(y, 1), True),
+    "minimum(y, -1)": (lambda x, y: jnp.minimum(y, -1), True),
+    "minimum(y, 0)": (lambda x, y: jnp.minimum(y, 0), False),
+    "0 where y > INT32_MAX": (lambda x, y: jnp.where(y > INT32.max, 0, jnp.maximum(y, 1)), True),
+    "0 where y >= INT32_MAX": (lambda x, y: jnp.where(y >= INT32.max, 0, jnp.maximum(y, 1)), False),
+    "0 where y > INT32_MAX and x > 0": (lambda x, y: jnp.where((y > INT32.max) & (x > 0), 0, 3), True),
+    "0 where y > INT32_MAX or x > 0": (lambda x, y: jnp.where((y > INT32.max) | (x > 0), 0, 3), False),
+    "abs(y)": (lambda x, y: jnp.abs(y), False),
+}
+
+
+@pytest.mark.parametrize("name", DIVISORS)
+def test_a_divisor_is_nonzero_by_its_range_or_by_the_comparison_that_selects_it(name):
+    divisor, nonzero = DIVISORS[name]
+    i32 = jnp.arange(1, 5, dtype=jnp.int32)
+    assert _alike(lambda x, y: lax.rem(x, divisor(x, y).astype(jnp.int32)), i32, i32) == nonzero
+    if nonzero:  # and it is, at the edges of int32 too
+        edges = np.array([INT32.min, INT32.min + 1, -2, -1, 0, 1, 2, 5, INT32.max - 1, INT32.max], np.int32)
+        x, y = (a.ravel() for a in np.meshgrid(edges, edges))
+        assert np.all(np.asarray(divisor(x, y)) != 0)
+
+
+@pytest.mark.parametrize("bounds", [(-4, 9), (np.int32(-4), np.int32(9)), (np.zeros(3, np.int32), np.full(3, 2**31 - 1))],
+                         ids=["literals", "scalars", "arrays"])
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.int16])
+def test_randint_divides_by_a_span_that_cannot_be_zero(bounds, dtype):
+    # select_n(o <= n, o - n, 1), plus one only where maxval > the type's largest value:
+    # never, which the range of maxval says
+    lo, hi = (jnp.asarray(b, dtype) if np.ndim(b) else b for b in bounds)
+    if dtype != jnp.int32 and np.ndim(bounds[1]):
+        hi = jnp.full(3, jnp.iinfo(dtype).max, dtype)
+    assert _alike(lambda k, lo, hi: jax.random.randint(k, (3,), lo, hi, dtype), jax.random.key(0), lo, hi)
