@@ -131,7 +131,7 @@ def per_call(model: str, rounds: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=2, help="fresh processes per first-call sample")
+    parser.add_argument("--repeat", type=int, default=2, help="fresh processes per first-call sample (0: none)")
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--first-call", nargs=2, help=argparse.SUPPRESS)  # a child process's job
     args = parser.parse_args(argv)
@@ -150,8 +150,9 @@ def main(argv=None) -> int:
         for v in VARIANTS:
             print(f"- {v}: first call {', '.join(f'{s:.1f}' for s in firsts[v])} s; per call {r['us'][v]:.0f} us")
         print(f"- {READ_ONLY}: per call {r['us'][READ_ONLY]:.0f} us")
-        best_jit_first = min(min(firsts[v]) for v in VARIANTS[1:])
-        print(f"- pejit first call / jax.jit's (best of each): {min(firsts[VARIANTS[0]]) / best_jit_first:.2f}")
+        if args.repeat:  # (--repeat 0: per call only)
+            best_jit_first = min(min(firsts[v]) for v in VARIANTS[1:])
+            print(f"- pejit first call / jax.jit's (best of each): {min(firsts[VARIANTS[0]]) / best_jit_first:.2f}")
         print("- largest difference from jax.jit (model as argument): "
               + ", ".join(f"{k} {d:.1e}" for k, d in r["max_abs_difference"].items()))
         for v, ratios in r["ratio"].items():
