@@ -1,12 +1,17 @@
 """The jaxpr walks of ``pejit._fold._primitives``."""
 
+import itertools
+import operator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jax import lax
 
-from pejit._fold._nonzero import GuardedDivisions
+from pejit._fold._nonzero import _DIFFER_WHERE, GuardedDivisions, _decided
 from pejit._fold._primitives import all_eqns, folds_alike
 
 
@@ -135,6 +140,7 @@ def _alike(fun, *args):
 
 
 INT32 = np.iinfo(np.int32)
+EDGES = [INT32.min, INT32.min + 1, -2, -1, 0, 1, 2, 5, INT32.max - 1, INT32.max]
 
 #: a divisor of x and y (int32), and whether the pass may call it nonzero: by the range
 #: of its elements, or by the comparison that selects it
@@ -168,13 +174,98 @@ def test_a_divisor_is_nonzero_by_its_range_or_by_the_comparison_that_selects_it(
     i32 = jnp.arange(1, 5, dtype=jnp.int32)
     assert _alike(lambda x, y: lax.rem(x, divisor(x, y).astype(jnp.int32)), i32, i32) == nonzero
     if nonzero:  # and it is, at the edges of int32 too
-        edges = np.array([INT32.min, INT32.min + 1, -2, -1, 0, 1, 2, 5, INT32.max - 1, INT32.max], np.int32)
-        x, y = (a.ravel() for a in np.meshgrid(edges, edges))
+        x, y = (a.ravel() for a in np.meshgrid(np.array(EDGES, np.int32), np.array(EDGES, np.int32)))
         assert np.all(np.asarray(divisor(x, y)) != 0)
 
 
-@pytest.mark.parametrize("bounds", [(-4, 9), (np.int32(-4), np.int32(9)), (np.zeros(3, np.int32), np.full(3, 2**31 - 1))],
-                         ids=["literals", "scalars", "arrays"])
+_COMPARE = {"eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal, "gt": jnp.greater,
+            "ge": jnp.greater_equal}
+
+
+def _divisors():
+    """Integer expressions of ``x`` and ``y`` (int32), as JAX's programs guard and bound them:
+    a ``where`` picks among its comparison's operands, their differences and other values,
+    and bounds come from a few small values, so that ranges meet."""
+    small = st.sampled_from([-2, -1, 0, 1, 2])
+    leaves = st.sampled_from(["x", "y"]) | (small | st.sampled_from(EDGES)).map(lambda k: ("literal", k))
+
+    def where(e):
+        def cases(test):
+            _, a, b = test
+            related = st.sampled_from([("sub", a, b), ("sub", b, a), a, b, ("cast", ("sub", a, b), "uint32")])
+            return st.tuples(st.just("where"), *map(st.just, test), related | e, related | e)
+        return st.tuples(st.sampled_from(sorted(_COMPARE)), e, e).flatmap(cases)
+
+    return st.recursive(leaves, lambda e: st.one_of(
+        st.tuples(st.just("clip"), e, small | st.sampled_from(EDGES), small | st.sampled_from(EDGES)),
+        st.tuples(st.sampled_from(["max", "min", "add", "sub"]), e, e),
+        where(e),
+        st.tuples(st.just("cast"), e, st.sampled_from(["int8", "int16", "uint8", "uint32"])),
+        st.tuples(st.sampled_from(["abs", "neg"]), e),
+    ), max_leaves=8)
+
+
+def _evaluate(e, x, y, values=None):
+    """``e`` of ``x`` and ``y``, each subexpression once (a program computes a value once
+    and reads it where it needs it: a comparison's operands and their difference)."""
+    values = {} if values is None else values
+    if e in ("x", "y"):
+        return x if e == "x" else y
+    if e not in values:
+        op, *args = e
+        of = lambda a: _evaluate(a, x, y, values)
+        if op == "literal":
+            values[e] = np.int32(args[0])  # a literal of the program
+        elif op == "clip":
+            values[e] = jnp.clip(of(args[0]), np.int32(args[1]), np.int32(args[2]))
+        elif op == "where":
+            compare, a, b, then, other = args
+            values[e] = jnp.where(_COMPARE[compare](of(a), of(b)), of(then), of(other))
+        elif op == "cast":
+            values[e] = jnp.asarray(of(args[0])).astype(args[1]).astype(jnp.int32)
+        else:
+            fun = {"max": jnp.maximum, "min": jnp.minimum, "add": jnp.add, "sub": jnp.subtract, "abs": jnp.abs,
+                   "neg": jnp.negative}[op]
+            values[e] = fun(*map(of, args))
+    return values[e]
+
+
+_OPERATOR = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+             "ge": operator.ge}
+
+
+@pytest.mark.parametrize("name", sorted(_OPERATOR))
+def test_what_a_comparison_says_holds_of_every_value(name):
+    # a comparison decided by its operands' ranges has that value for all of theirs, and
+    # where it is _DIFFER_WHERE's value, its operands differ
+    compare, small = _OPERATOR[name], range(-3, 4)
+    ranges = [(lo, hi) for lo in small for hi in small if lo <= hi]
+    for ra, rb in itertools.product(ranges, ranges):
+        values = {compare(a, b) for a in range(ra[0], ra[1] + 1) for b in range(rb[0], rb[1] + 1)}
+        decided = _decided(name, ra, rb)
+        assert decided is None or values == {decided}, (ra, rb)
+        assert decided is not None or len(values) == 2, (ra, rb)  # as precise as ranges allow
+    assert all(a != b for a in small for b in small if compare(a, b) == bool(_DIFFER_WHERE[name]))
+
+
+@settings(max_examples=500, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(_divisors())
+def test_a_divisor_said_nonzero_is_nonzero(divisor):
+    # a division on constants that the pass lets XLA fold would stop the process on a zero
+    # divisor (SIGFPE): whatever it says is nonzero must be, at the edges of int32 too
+    def divide(x, y):
+        return lax.rem(x, jnp.broadcast_to(_evaluate(divisor, x, y), x.shape).astype(jnp.int32))
+
+    i32 = jnp.arange(1, 5, dtype=jnp.int32)
+    if _alike(divide, i32, i32):
+        grid = np.array([*EDGES, -129, 128, 255, 256, 65536], np.int32)  # and what narrower types wrap to 0
+        x, y = (a.ravel() for a in np.meshgrid(grid, grid))
+        values = np.asarray(jnp.broadcast_to(_evaluate(divisor, jnp.asarray(x), jnp.asarray(y)), x.shape))
+        assert np.all(values != 0), (divisor, x[values == 0], y[values == 0])
+
+
+@pytest.mark.parametrize("bounds", [(-4, 9), (np.int32(-4), np.int32(9)),
+                                    (np.zeros(3, np.int32), np.full(3, INT32.max))], ids=["literals", "scalars", "arrays"])
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.int16])
 def test_randint_divides_by_a_span_that_cannot_be_zero(bounds, dtype):
     # select_n(o <= n, o - n, 1), plus one only where maxval > the type's largest value:
