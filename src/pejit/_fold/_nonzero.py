@@ -18,6 +18,7 @@ false where ``y`` is nonzero, ``le(o, n)`` false where ``o - n`` is), which a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,10 @@ class Facts:
         r = self.range(a)
         return a in self.nonzero or (r is not None and (r[0] > 0 or r[1] < 0))
 
+    def root(self, a):
+        """The value ``a`` is zero exactly where (its own, or what it converts)."""
+        return self.same.get(a, a)
+
     def nonzero_where(self, a, p, i: int) -> bool:
         """Whether ``a`` is nonzero wherever ``p`` is ``i``."""
         return self.is_nonzero(a) or (p, i) in self.selected(a)
@@ -71,7 +76,7 @@ class Facts:
         """The ``(p, i)`` such that ``a`` is nonzero wherever ``p`` is ``i``."""
         if isinstance(a, Literal):
             return set()
-        a = self.same.get(a, a)
+        a = self.root(a)
         return self.where.get(a, set()) | self.differ.get(self.difference.get(a), set())
 
 
@@ -79,6 +84,7 @@ def _integer(dtype) -> bool:
     return dtypes.issubdtype(dtype, np.integer) or dtypes.issubdtype(dtype, np.bool_)
 
 
+@functools.cache  # asked of most values of a program: once per dtype
 def _type_range(dtype) -> Range | None:
     if dtypes.issubdtype(dtype, np.bool_):
         return 0, 1
@@ -88,6 +94,7 @@ def _type_range(dtype) -> Range | None:
     return None
 
 
+@functools.cache
 def _bits(dtype) -> int:
     return 1 if dtypes.issubdtype(dtype, np.bool_) else jnp.iinfo(dtype).bits
 
@@ -125,7 +132,7 @@ def _convert(eqn, facts: Facts) -> None:
         if facts.is_nonzero(x):
             facts.nonzero.add(out)
         if not isinstance(x, Literal):
-            facts.same[out] = facts.same.get(x, x)
+            facts.same[out] = facts.root(x)
 
 
 def _extremum(pick: Callable[[int, int], int]) -> Callable[[Any, Facts], None]:
@@ -187,7 +194,7 @@ def _compare(eqn, facts: Facts) -> None:
         if not isinstance(y, Literal):
             facts.differ.setdefault((x, y), set()).add(differ)
         if ry == (0, 0):
-            facts.where.setdefault(facts.same.get(x, x), set()).add(differ)
+            facts.where.setdefault(facts.root(x), set()).add(differ)
 
 
 def _logical(eqn, facts: Facts) -> None:  # and, or, not of bools: of the bounds
@@ -216,7 +223,7 @@ def _select(eqn, facts: Facts) -> None:
             facts.nonzero.add(out)
         _set_range(facts, out, facts.range(chosen))
         if not isinstance(chosen, Literal) and chosen.aval.shape == out.aval.shape:
-            facts.same[out] = facts.same.get(chosen, chosen)
+            facts.same[out] = facts.root(chosen)
         return
     if all(facts.nonzero_where(c, which, i) for i, c in enumerate(cases)):
         facts.nonzero.add(out)
