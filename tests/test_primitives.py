@@ -99,44 +99,39 @@ def test_bit_counts_and_neighbours_fold_alike():
     assert not folds_alike(_eqns(lax.clz, jnp.arange(-4, 4, dtype=jnp.int32)))
 
 
+def _alike(fun, *args):
+    jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
+    return folds_alike(jaxpr.eqns, True, GuardedDivisions(jaxpr))
+
+
 def test_an_integer_division_folds_alike_where_its_divisor_cannot_be_zero():
     # XLA's kernels give x // 0 = -1 and x % 0 = x; its constant folding of either stops
     # the process (SIGFPE: jax.jit closed over x % 0, jaxlib 0.10.2), so it is left to it
     # only where the divisor is guarded from zero, as jnp.remainder guards its own
     i32 = jnp.arange(1, 5, dtype=jnp.int32)
-
-    def alike(fun, *args):
-        jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
-        return folds_alike(jaxpr.eqns, True, GuardedDivisions(jaxpr))
-
-    assert not alike(lax.rem, i32, i32)
-    assert not alike(lax.div, i32, i32)
-    assert not alike(jnp.floor_divide, i32, i32)  # x // y divides by y as it is
-    assert alike(jnp.remainder, i32, i32)  # rem(x, where(y == 0, 1, y)), through _where's call
-    assert alike(lambda x, y: lax.div(x, jnp.where(y != 0, y, -1)), i32, i32)
-    assert alike(lambda x, y: lax.rem(x.reshape(2, 2), jnp.where(y == 0, 2, y).astype(jnp.int32).reshape(2, 2)),
+    assert not _alike(lax.rem, i32, i32)
+    assert not _alike(lax.div, i32, i32)
+    assert not _alike(jnp.floor_divide, i32, i32)  # x // y divides by y as it is
+    assert _alike(jnp.remainder, i32, i32)  # rem(x, where(y == 0, 1, y)), through _where's call
+    assert _alike(lambda x, y: lax.div(x, jnp.where(y != 0, y, -1)), i32, i32)
+    assert _alike(lambda x, y: lax.rem(x.reshape(2, 2), jnp.where(y == 0, 2, y).astype(jnp.int32).reshape(2, 2)),
                  i32, i32.astype(jnp.int8))
-    assert alike(lambda x: lax.div(x, 3) + lax.rem(x, jnp.full(4, 7)), i32)
+    assert _alike(lambda x: lax.div(x, 3) + lax.rem(x, jnp.full(4, 7)), i32)
     # the guard's test must be of the value it keeps, and its other case nonzero
-    assert not alike(lambda x, y: lax.rem(x, jnp.where(x == 0, 1, y)), i32, i32)
-    assert not alike(lambda x, y: lax.rem(x, jnp.where(y == 0, 0, y)), i32, i32)
-    assert not alike(lambda x, y: lax.rem(x, jnp.where(y == 1, 1, y)), i32, i32)
-    assert not alike(lambda x, y: lax.rem(x.astype(jnp.uint8), jnp.where(y == 0, 1, y).astype(jnp.uint8)),
+    assert not _alike(lambda x, y: lax.rem(x, jnp.where(x == 0, 1, y)), i32, i32)
+    assert not _alike(lambda x, y: lax.rem(x, jnp.where(y == 0, 0, y)), i32, i32)
+    assert not _alike(lambda x, y: lax.rem(x, jnp.where(y == 1, 1, y)), i32, i32)
+    assert not _alike(lambda x, y: lax.rem(x.astype(jnp.uint8), jnp.where(y == 0, 1, y).astype(jnp.uint8)),
                      i32, i32)  # 256 -> 0
     i8 = i32.astype(jnp.int8)
-    assert not alike(lambda x, y: lax.rem(x.astype(jnp.int4), jnp.where(y == 0, 1, y).astype(jnp.int4)),
+    assert not _alike(lambda x, y: lax.rem(x.astype(jnp.int4), jnp.where(y == 0, 1, y).astype(jnp.int4)),
                      i8, i8)  # 16 -> 0, in a type as many bytes wide
     # one body, called with a guarded divisor and with one that is not: not safe
     divide = jax.jit(lax.rem)
-    assert not alike(lambda x, y: divide(x, jnp.where(y == 0, 1, y)) + divide(x, y), i32, i32)
-    assert alike(lambda x, y: divide(x, jnp.where(y == 0, 1, y)) + divide(y, jnp.where(x == 0, 1, x)), i32, i32)
+    assert not _alike(lambda x, y: divide(x, jnp.where(y == 0, 1, y)) + divide(x, y), i32, i32)
+    assert _alike(lambda x, y: divide(x, jnp.where(y == 0, 1, y)) + divide(y, jnp.where(x == 0, 1, x)), i32, i32)
     # floats divide as XLA defines it either way: within a few ulps
-    assert alike(lax.div, i32 * 1.0, i32 * 1.0)
-
-
-def _alike(fun, *args):
-    jaxpr = jax.make_jaxpr(fun)(*args).jaxpr
-    return folds_alike(jaxpr.eqns, True, GuardedDivisions(jaxpr))
+    assert _alike(lax.div, i32 * 1.0, i32 * 1.0)
 
 
 INT32 = np.iinfo(np.int32)
